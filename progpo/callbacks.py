@@ -57,12 +57,12 @@ class IterationCheckpoint(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.dirpath.mkdir(parents=True, exist_ok=True)
         tmp = self.dirpath / "last.ckpt.tmp"
-        trainer.save_checkpoint(str(tmp))
+        trainer.save_checkpoint(str(tmp), weights_only=False)
         os.replace(tmp, self.dirpath / "last.ckpt")
         iteration = pl_module.iterations_done
         if iteration % self.every == 0:
             periodic = self.dirpath / f"iter-{iteration:04d}.ckpt"
-            trainer.save_checkpoint(str(periodic))
+            trainer.save_checkpoint(str(periodic), weights_only=False)
             log.info("checkpoint %s", periodic)
 
 

@@ -37,7 +37,7 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     grad_clip: float = 1.0
     val_every: int = 5
-    val_greedy: bool = True
+    val_temperature: float = 0.4
     ckpt_every: int = 5
     log_trajectories_every: int = 10
     accelerator: str = "cpu"
@@ -57,6 +57,7 @@ class TrainerConfig:
         _require(self.entropy_coef >= 0, "trainer.entropy_coef", ">= 0", self.entropy_coef)
         _require(self.grad_clip > 0, "trainer.grad_clip", "> 0", self.grad_clip)
         _require(self.val_every >= 1, "trainer.val_every", ">= 1", self.val_every)
+        _require(self.val_temperature >= 0, "trainer.val_temperature", ">= 0 (0 = greedy)", self.val_temperature)
         _require(self.ckpt_every >= 1, "trainer.ckpt_every", ">= 1", self.ckpt_every)
         _require(self.log_trajectories_every >= 0, "trainer.log_trajectories_every", ">= 0",
                  self.log_trajectories_every)

@@ -95,13 +95,17 @@ class ProGPOModule(L.LightningModule):
         need_ref = self.reference is not None and self.cfg.kl_coef > 0
         self.actor.eval()
         for idx, tokens in self._micro_batches(turns, order):
+            allowed = _allowed(turns, idx)
             with self._autocast():
                 out = forward_logprobs(
                     self.actor, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
-                    return_last_prompt_hidden=True,
+                    return_last_prompt_hidden=True, allowed=allowed,
                 )
                 ref_out = (
-                    forward_logprobs(self.reference, tokens.input_ids, tokens.attention_mask, tokens.response_mask)
+                    forward_logprobs(
+                        self.reference, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
+                        allowed=allowed,
+                    )
                     if need_ref
                     else None
                 )
@@ -188,7 +192,7 @@ class ProGPOModule(L.LightningModule):
                     with self._autocast():
                         out = forward_logprobs(
                             self.actor, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
-                            return_entropy=True,
+                            return_entropy=True, allowed=_allowed(turns, idx),
                         )
                     loss_out = ppo_loss(
                         out.token_logprobs, old, ref, adv, tokens.response_mask,
@@ -282,6 +286,12 @@ def _pad_id(tokenizer) -> int:
     if pad is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token; set one in the model builder")
     return int(pad)
+
+
+def _allowed(turns: list[Turn], idx: list[int]) -> list[list[list[int]] | None] | None:
+    """Per-position allowed ids of constrained turns (log-probs of the policy that acted); None if all free."""
+    rows = [turns[i].allowed_token_ids for i in idx]
+    return rows if any(r is not None for r in rows) else None
 
 
 def _seq_len(turn: Turn) -> int:

@@ -183,7 +183,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> tuple[dict[str, flo
     collector = RolloutCollector(suite, engine, prompt_builder, pool_factory)
     datamodule = RolloutDataModule(
         collector, suite, typed.rollout.tasks_per_batch, typed.rollout.group_size, cfg.seed,
-        greedy_eval=typed.trainer.val_greedy,
+        eval_temperature=typed.trainer.val_temperature,
     )
     module = ProGPOModule(policy, reference, credit, typed.trainer)
 

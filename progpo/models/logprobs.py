@@ -65,18 +65,61 @@ def pad_prompt_response(
 
 
 def _head_logprobs(
-    head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    head: torch.nn.Module,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    allowed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, -torch.inf)
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        plogp = logp_all.exp() * logp_all
+        if allowed is not None:
+            plogp = plogp.masked_fill(~allowed, 0.0)  # 0 * -inf
+        entropy = -plogp.sum(-1)
     else:
         entropy = logp.new_zeros(logp.shape)
     return logp, entropy
+
+
+def allowed_mask(allowed: Sequence[Sequence[int] | None], vocab_size: int, device=None) -> torch.Tensor:
+    """[N, V] bool mask: row i is True at ``allowed[i]``, everywhere when ``allowed[i]`` is None."""
+    mask = torch.zeros((len(allowed), vocab_size), dtype=torch.bool)
+    rows = [i for i, ids in enumerate(allowed) for _ in (ids or ())]
+    cols = [j for ids in allowed for j in (ids or ())]
+    if rows:
+        mask[rows, cols] = True
+    free = [i for i, ids in enumerate(allowed) if ids is None]
+    if free:
+        mask[free] = True
+    return mask.to(device) if device is not None else mask
+
+
+def _allowed_rows(
+    allowed: Sequence[Sequence[Sequence[int]] | None], response_mask: Tensor, targets: Tensor, vocab: int
+) -> Tensor | None:
+    """[N, V] mask over the flattened response positions (row-major, as ``h`` is gathered); None if all free."""
+    counts = response_mask.sum(dim=1).tolist()
+    if len(allowed) != len(counts):
+        raise ValueError(f"allowed has {len(allowed)} rows but the batch has {len(counts)}")
+    if all(a is None for a in allowed):
+        return None
+    flat: list[Sequence[int] | None] = []
+    for row, (ids, n) in enumerate(zip(allowed, counts)):
+        if ids is not None and len(ids) != n:
+            raise ValueError(f"allowed[{row}] has {len(ids)} positions but the row has {n} response tokens")
+        flat.extend(ids if ids is not None else [None] * n)
+    mask = allowed_mask(flat, vocab)
+    if not bool(mask.gather(1, targets.cpu().unsqueeze(1)).all()):
+        raise ValueError("a response token is not among the allowed ids of its position")
+    return mask
 
 
 def forward_logprobs(
@@ -88,6 +131,7 @@ def forward_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     chunk_size: int = 2048,
+    allowed: Sequence[Sequence[Sequence[int]] | None] | None = None,
 ) -> LogProbOutput:
     """One forward pass: log-probs of the response tokens (and optionally entropy and the prompt embedding).
 
@@ -101,6 +145,9 @@ def forward_logprobs(
         return_entropy: also return the per-token entropy (costs one extra [N, V] product per chunk).
         chunk_size: response tokens per LM-head call; under autograd each chunk is recomputed in backward
             instead of keeping its [chunk, V] log-softmax alive.
+        allowed: per row, the token ids allowed at each of its response positions (constrained decoding,
+            ``Turn.allowed_token_ids``) or None for a free row: log-probs and entropy are then those of the
+            distribution renormalised over the allowed ids, i.e. of the policy that actually acted.
     """
     if (
         input_ids.dim() != 2
@@ -133,6 +180,7 @@ def forward_logprobs(
     h = hidden[:, :-1][predicts]
     targets = input_ids[:, 1:][predicts]
     head = model.get_output_embeddings()
+    mask = _allowed_rows(allowed, response_mask, targets, head.weight.shape[0]) if allowed is not None else None
 
     logps, entropies = [], []
     for start in range(0, h.shape[0], chunk_size):
@@ -142,6 +190,7 @@ def forward_logprobs(
             targets[start : start + chunk_size],
             temperature,
             return_entropy,
+            mask[start : start + chunk_size].to(h.device) if mask is not None else None,
         )
         if torch.is_grad_enabled() and h.requires_grad:
             lp, ent = checkpoint(_head_logprobs, *args, use_reentrant=False)

@@ -38,6 +38,8 @@ class Turn:
     reward: float
     done: bool
     prompt_truncated: bool = False
+    # Constrained decoding: the token ids allowed at each response position (None: decoded freely).
+    allowed_token_ids: list[list[int]] | None = None
 
 
 @dataclass
@@ -125,8 +127,12 @@ class RolloutCollector:
         group_size: int,
         greedy: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        temperature: float | None = None,
     ) -> RolloutBatch:
-        """Play every task ``group_size`` times; rollouts of task ``g`` form group ``g``."""
+        """Play every task ``group_size`` times; rollouts of task ``g`` form group ``g``.
+
+        ``temperature`` overrides the engine's sampling temperature (sampled evaluation); ``greedy`` wins.
+        """
         start = time.perf_counter()
         env_tasks = [task for task in tasks for _ in range(group_size)]
         num_envs = len(env_tasks)
@@ -157,6 +163,7 @@ class RolloutCollector:
                 [p.ids for p in prompts],
                 greedy=greedy,
                 admissible=[observations[i].admissible_actions for i in active],
+                temperature=temperature,
             )
             generated_tokens += generation.n_generated_tokens
             actions = {
@@ -193,6 +200,9 @@ class RolloutCollector:
                         reward=float(reward),
                         done=bool(done),
                         prompt_truncated=bool(prompts[k].truncated),
+                        allowed_token_ids=(
+                            generation.allowed_token_ids[k] if generation.allowed_token_ids else None
+                        ),
                     )
                 )
                 history[i].append((obs_before.text, actions[i]))

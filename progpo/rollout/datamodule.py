@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import lightning as L
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from envs.base import EnvSuite, Task
@@ -47,7 +48,7 @@ class RolloutDataModule(L.LightningDataModule):
         tasks_per_batch: int,
         group_size: int,
         seed: int,
-        greedy_eval: bool = True,
+        eval_temperature: float = 0.0,
     ) -> None:
         super().__init__()
         self.collector = collector
@@ -55,7 +56,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.tasks_per_batch = tasks_per_batch
         self.group_size = group_size
         self.seed = seed
-        self.greedy_eval = greedy_eval
+        if eval_temperature < 0:
+            raise ValueError(f"eval_temperature must be >= 0 (0 = greedy), got {eval_temperature}")
+        self.eval_temperature = float(eval_temperature)
 
     def _iteration(self) -> int:
         return int(self.trainer.current_epoch) if self.trainer is not None else 0
@@ -65,7 +68,17 @@ class RolloutDataModule(L.LightningDataModule):
         return self.collector.collect(tasks, self.group_size, greedy=False)
 
     def eval_batch(self) -> RolloutBatch:
-        return self.collector.collect(self.suite.eval_tasks, 1, greedy=self.greedy_eval)
+        """One episode per held-out task: greedy (``eval_temperature=0``) or sampled at that temperature.
+
+        Sampling uses its own seeded RNG stream, so every evaluation of a run draws the same random numbers
+        (start and end are compared like for like) and evaluating never shifts the training stream.
+        """
+        greedy = self.eval_temperature == 0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return self.collector.collect(
+                self.suite.eval_tasks, 1, greedy=greedy, temperature=None if greedy else self.eval_temperature
+            )
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_OnDemand(self.train_batch), batch_size=None, num_workers=0, collate_fn=_identity)

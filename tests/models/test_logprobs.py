@@ -130,3 +130,46 @@ def test_left_padded_rows_give_the_same_logprobs(random_model):
             a.token_logprobs[row, :n], b.token_logprobs[row, width - n :], atol=1e-5, rtol=0
         )
     torch.testing.assert_close(a.last_prompt_hidden, b.last_prompt_hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_constrained_logprobs_and_entropy_match_a_loop_over_the_allowed_ids(random_model):
+    """``allowed=`` renormalises over each position's allowed ids (the policy that acted), row by row."""
+    prompts, responses = _rows(3)
+    g = torch.Generator().manual_seed(5)
+    allowed = []
+    for k, response in enumerate(responses):
+        if k == 1:
+            allowed.append(None)  # a free row next to constrained ones
+            continue
+        positions = []
+        for token in response:
+            others = torch.randint(1, 97, (int(torch.randint(0, 4, (1,), generator=g)),), generator=g).tolist()
+            positions.append(sorted({token, *others}))
+        allowed.append(positions)
+    batch = pad_prompt_response(prompts, responses, PAD)
+    with torch.no_grad():
+        out = forward_logprobs(
+            random_model, batch.input_ids, batch.attention_mask, batch.response_mask,
+            return_entropy=True, allowed=allowed,
+        )  # fmt: skip
+        for row, (prompt, response) in enumerate(zip(prompts, responses)):
+            logits = random_model(torch.tensor([prompt + response])).logits[0]
+            for t, token in enumerate(response):
+                full = logits[len(prompt) + t - 1].double()
+                ids = allowed[row][t] if allowed[row] is not None else list(range(97))
+                logp = torch.log_softmax(full[ids], dim=-1)
+                expected = float(logp[ids.index(token)])
+                entropy = float(-(logp.exp() * logp).sum())
+                assert abs(float(out.token_logprobs[row, len(prompt) + t]) - expected) < 1e-5
+                assert abs(float(out.entropy[row, len(prompt) + t]) - entropy) < 1e-5
+                if len(ids) == 1:
+                    assert float(out.token_logprobs[row, len(prompt) + t]) == 0.0  # a forced token costs nothing
+    bad = [list(a) if a is not None else None for a in allowed]
+    bad[0] = [[i for i in range(1, 97) if i != responses[0][0]]] + allowed[0][1:]
+    with pytest.raises(ValueError, match="not among the allowed"):
+        forward_logprobs(random_model, batch.input_ids, batch.attention_mask, batch.response_mask, allowed=bad)
+    with pytest.raises(ValueError, match="positions"):
+        forward_logprobs(
+            random_model, batch.input_ids, batch.attention_mask, batch.response_mask,
+            allowed=[allowed[0][:-1], None, None, None],
+        )  # fmt: skip

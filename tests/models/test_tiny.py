@@ -193,3 +193,28 @@ def test_tokenizer_is_the_same_after_reload_as_during_the_warm_start(tiny_policy
     other = train_tokenizer(["completely different words 7 8 9"] * 20, vocab_size=300, max_context=64)
     with pytest.raises(RuntimeError, match="changes on reload"):
         check_reload(other, Path(tiny_policy.source), texts)
+
+
+def test_length_bucketed_batches_cover_every_row_once_with_similar_lengths():
+    import torch
+
+    from progpo.models.warm_start import length_bucketed_batches
+
+    lengths = [int(x) for x in torch.randint(50, 320, (1000,), generator=torch.Generator().manual_seed(1))]
+    batches = length_bucketed_batches(lengths, 32, torch.Generator().manual_seed(0), bucket_batches=8)
+    rows = [i for b in batches for i in b]
+    assert sorted(rows) == list(range(1000))  # every row exactly once per epoch
+    assert all(1 <= len(b) <= 32 for b in batches)
+    # padding waste vs random batches of the same size: sorted buckets pad far less
+    waste = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+    shuffled = torch.randperm(1000, generator=torch.Generator().manual_seed(0)).tolist()
+    random_batches = [shuffled[k : k + 32] for k in range(0, 1000, 32)]
+    random_waste = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in random_batches)
+    assert waste < 0.25 * random_waste
+    # the order is random (not globally sorted) and depends on the generator
+    firsts = [lengths[b[0]] for b in batches]
+    assert firsts != sorted(firsts)
+    again = length_bucketed_batches(lengths, 32, torch.Generator().manual_seed(0), bucket_batches=8)
+    assert again == batches
+    other = length_bucketed_batches(lengths, 32, torch.Generator().manual_seed(1), bucket_batches=8)
+    assert other != batches

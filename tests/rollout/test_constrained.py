@@ -39,3 +39,36 @@ def test_placeholder_commands_are_not_enumerated(tiny_policy):
     seqs = allowed_sequences(tok, ("look", "inventory"), tok.eos_token_id)
     assert [tok.decode(s[:-1]) for s in seqs] == ["<action>look</action>", "<action>inventory</action>"]
     assert all(s[-1] == tok.eos_token_id for s in seqs)
+
+
+def test_constrained_logprobs_are_those_of_the_acting_policy(tiny_policy):
+    """Engine log-probs = teacher-forced log-probs renormalised over the trie's allowed ids; tokens allowed."""
+    from progpo.models.logprobs import forward_logprobs, pad_prompt_response
+    from progpo.rollout.engines.constrained import allowed_per_position
+
+    items = _prompts(tiny_policy, 3)
+    options = [tuple(obs.admissible_actions) for _, obs in items]
+    prompts = [p.ids for p, _ in items]
+    engine = HFEngine(tiny_policy, max_new_tokens=32, constrain_to_admissible=True, temperature=1.0)
+    torch.manual_seed(1)
+    gen = engine.generate(prompts, admissible=options)
+    tok, eos = tiny_policy.tokenizer, engine.eos_ids[0]
+    for ids, per_position, admissible in zip(gen.response_ids, gen.allowed_token_ids, options):
+        seqs = allowed_sequences(tok, admissible, eos)
+        assert per_position == allowed_per_position(seqs, ids, eos)
+        assert all(token in allowed for token, allowed in zip(ids, per_position))
+        assert ids in seqs or ids + [eos] in seqs  # a whole allowed answer (stops at </action> or eos)
+    batch = pad_prompt_response(prompts, gen.response_ids, tok.pad_token_id)
+    with torch.no_grad():
+        constrained = forward_logprobs(
+            tiny_policy.model, batch.input_ids, batch.attention_mask, batch.response_mask,
+            allowed=gen.allowed_token_ids,
+        )  # fmt: skip
+        free = forward_logprobs(tiny_policy.model, batch.input_ids, batch.attention_mask, batch.response_mask)
+    for row, (prompt, lps) in enumerate(zip(prompts, gen.logprobs)):
+        span = slice(len(prompt), len(prompt) + len(lps))
+        torch.testing.assert_close(constrained.token_logprobs[row, span], torch.tensor(lps), atol=1e-4, rtol=0)
+        # renormalising over a subset can only raise a token's probability
+        assert bool((constrained.token_logprobs[row, span] >= free.token_logprobs[row, span] - 1e-6).all())
+    # an unconstrained engine reports no allowed ids
+    assert HFEngine(tiny_policy, constrain_to_admissible=False).generate(prompts[:1]).allowed_token_ids == [None]

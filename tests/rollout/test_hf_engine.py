@@ -91,6 +91,25 @@ def test_sampling_logprobs_match_teacher_forced_logprobs(tiny_policy, temperatur
         torch.testing.assert_close(teacher, torch.tensor(lps), atol=1e-4, rtol=0)
 
 
+def test_per_call_temperature_overrides_the_engine_temperature(tiny_policy):
+    """Sampled evaluation passes its own temperature: log-probs are those of that temperature."""
+    torch.manual_seed(0)
+    prompts = [p.ids for p, _ in _prompts(tiny_policy)]
+    engine = HFEngine(tiny_policy, temperature=1.0, max_new_tokens=24)
+    gen = engine.generate(prompts, temperature=0.4)
+    batch = pad_prompt_response(prompts, gen.response_ids, tiny_policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        cold = forward_logprobs(
+            tiny_policy.model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature=0.4
+        )
+    for row, (prompt, lps) in enumerate(zip(prompts, gen.logprobs)):
+        teacher = cold.token_logprobs[row, len(prompt) : len(prompt) + len(lps)]
+        torch.testing.assert_close(teacher, torch.tensor(lps), atol=1e-4, rtol=0)
+    assert engine.temperature == 1.0  # the override is for one call only
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(prompts[:1], temperature=0.0)
+
+
 def test_generation_leaves_the_actor_as_it_was(tiny_policy):
     model = tiny_policy.model
     model.train()

@@ -14,21 +14,32 @@ class Generation:
 
     ``response_ids`` end with the token that completed the stop string or with eos (both included), or are
     ``max_new_tokens`` long. ``logprobs[i][j]`` is the sampling log-prob of ``response_ids[i][j]``
-    (temperature-scaled; greedy decoding reports temperature-1 log-probs).
+    (temperature-scaled; greedy decoding reports temperature-1 log-probs). With constrained decoding,
+    ``allowed_token_ids[i][j]`` lists the ids that were allowed at that position and ``logprobs`` are those of
+    the distribution renormalised over them; ``allowed_token_ids[i]`` is None for a freely decoded response.
     """
 
     response_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     n_generated_tokens: int = 0
+    allowed_token_ids: list[list[list[int]] | None] = field(default_factory=list)
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """Rollout generation backend (``conf/rollout/*.yaml`` ``engine:``), built with ``policy=`` at run time."""
+    """Rollout generation backend (``conf/rollout/*.yaml`` ``engine:``), built with ``policy=`` at run time.
+
+    ``generate(temperature=...)`` overrides the configured sampling temperature for one call (sampled
+    evaluation); ``greedy=True`` wins over it.
+    """
 
     def generate(
-        self, prompts: list[list[int]], greedy: bool = False, admissible: Any = None
+        self,
+        prompts: list[list[int]],
+        greedy: bool = False,
+        admissible: Any = None,
+        temperature: float | None = None,
     ) -> Generation: ...
 
     def sync_weights(self, model: Any) -> None: ...

@@ -5,6 +5,13 @@ before they learn to spell every command of every room, and a prefix constraint 
 Pretrained models (and the paper's setup) decode freely; the env then penalises invalid commands.
 Commands that contain a placeholder such as WebShop's ``search[<query>]`` cannot be enumerated: a prompt
 with one is decoded freely.
+
+The constrained policy is the one that acts, so it is also the one that is trained: the engine reports, for
+every generated token, the token ids that were allowed at that position (:func:`allowed_per_position`), and
+log-probs everywhere (sampling, old, reference, current) are those of the model's distribution renormalised
+over the allowed ids (``forward_logprobs(..., allowed=...)``). Training on the unconstrained log-probs instead
+moves probability onto tokens the sampler can never pick (a negative advantage pushes the chosen command down
+against every other token of the vocabulary), so the acting policy drifts without the PPO ratio seeing it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from transformers import LogitsProcessor
 
+from progpo.models.logprobs import allowed_mask
 from progpo.rollout.projection import ACTION_CLOSE, ACTION_OPEN
 
 
@@ -27,6 +35,21 @@ def allowed_sequences(tokenizer, admissible: Sequence[str], eos_id: int) -> list
     ]
 
 
+def next_tokens(options: Sequence[Sequence[int]], prefix: Sequence[int], eos_id: int) -> list[int]:
+    """Ids that keep ``prefix`` on some allowed answer (sorted); eos once an answer is complete or left."""
+    t = len(prefix)
+    prefix = list(prefix)
+    allowed = {seq[t] for seq in options if len(seq) > t and list(seq[:t]) == prefix}
+    return sorted(allowed) if allowed else [eos_id]
+
+
+def allowed_per_position(
+    options: Sequence[Sequence[int]], response: Sequence[int], eos_id: int
+) -> list[list[int]]:
+    """For each token of ``response``, the ids the trie allowed at its position."""
+    return [next_tokens(options, response[:t], eos_id) for t in range(len(response))]
+
+
 class AdmissibleTrie(LogitsProcessor):
     """Masks every token that would leave the set of allowed answers of its row (rows with None are free)."""
 
@@ -37,13 +60,9 @@ class AdmissibleTrie(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         generated = input_ids[:, self.prompt_width :].tolist()
-        mask = torch.zeros_like(scores, dtype=torch.bool)
-        for row, prefix in enumerate(generated):
-            options = self.allowed[row]
-            if options is None:
-                continue
-            t = len(prefix)
-            nxt = {seq[t] for seq in options if len(seq) > t and seq[:t] == prefix}
-            mask[row] = True
-            mask[row, list(nxt or {self.eos_id})] = False
-        return scores.masked_fill(mask, float("-inf"))
+        step = [
+            next_tokens(options, prefix, self.eos_id) if options is not None else None
+            for options, prefix in zip(self.allowed, generated)
+        ]
+        mask = allowed_mask(step, scores.shape[-1], scores.device)
+        return scores.masked_fill(~mask, float("-inf"))

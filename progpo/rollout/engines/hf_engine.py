@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from progpo.models.logprobs import allowed_mask
 from progpo.models.policy import Policy
 from progpo.rollout.engines.base import DEFAULT_STOP, Generation, check_sampling
-from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_sequences
+from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_per_position, allowed_sequences
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class HFEngine:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.eos_ids = eos_token_ids(tok, policy.model)
 
-    def _config(self, greedy: bool) -> GenerationConfig:
+    def _config(self, greedy: bool, temperature: float) -> GenerationConfig:
         common = dict(
             max_new_tokens=self.max_new_tokens,
             pad_token_id=self.pad_id,
@@ -125,7 +126,7 @@ class HFEngine:
         if greedy:
             return GenerationConfig(do_sample=False, **common)
         return GenerationConfig(
-            do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, **common
+            do_sample=True, temperature=temperature, top_p=self.top_p, top_k=self.top_k, **common
         )
 
     def generate(
@@ -133,13 +134,18 @@ class HFEngine:
         prompts: list[list[int]],
         greedy: bool = False,
         admissible: Sequence[Sequence[str]] | None = None,
+        temperature: float | None = None,
     ) -> Generation:
         """Generate one response per prompt (order kept); prompts are token ids from ``PromptBuilder``.
 
-        ``admissible`` (one list per prompt) is used only with ``constrain_to_admissible``.
+        ``admissible`` (one list per prompt) is used only with ``constrain_to_admissible``. ``temperature``
+        overrides the engine's sampling temperature for this call (sampled evaluation).
         """
         if not prompts:
             return Generation()
+        temperature = self.temperature if temperature is None else float(temperature)
+        if not greedy and not temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling (use greedy=True for 0), got {temperature}")
         limit = self.policy.max_context - self.max_new_tokens
         longest = max(len(p) for p in prompts)
         if longest > limit:
@@ -153,7 +159,7 @@ class HFEngine:
         was_training = model.training
         model.eval()
         started = time.perf_counter()
-        results: list[tuple[list[int], list[float]]] = [([], [])] * len(prompts)
+        results: list[tuple[list[int], list[float], list[list[int]] | None]] = [([], [], None)] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         try:
             with torch.no_grad():
@@ -163,7 +169,7 @@ class HFEngine:
                     if self.constrain_to_admissible and admissible is not None:
                         tok = self.policy.tokenizer
                         allowed = [allowed_sequences(tok, admissible[i], self.eos_ids[0]) for i in rows]
-                    batch = self._generate_batch([prompts[i] for i in rows], greedy, allowed)
+                    batch = self._generate_batch([prompts[i] for i in rows], greedy, temperature, allowed)
                     for row, result in zip(rows, batch):
                         results[row] = result
         finally:
@@ -177,11 +183,16 @@ class HFEngine:
             texts=self.policy.tokenizer.batch_decode(ids, skip_special_tokens=True),
             logprobs=[r[1] for r in results],
             n_generated_tokens=n_tokens,
+            allowed_token_ids=[r[2] for r in results],
         )
 
     def _generate_batch(
-        self, prompts: list[list[int]], greedy: bool, allowed: list[list[list[int]] | None] | None = None
-    ) -> list[tuple[list[int], list[float]]]:
+        self,
+        prompts: list[list[int]],
+        greedy: bool,
+        temperature: float,
+        allowed: list[list[list[int]] | None] | None = None,
+    ) -> list[tuple[list[int], list[float], list[list[int]] | None]]:
         model = self.policy.model
         device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
@@ -194,7 +205,7 @@ class HFEngine:
         out = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            generation_config=self._config(greedy),
+            generation_config=self._config(greedy, temperature),
             stopping_criteria=StoppingCriteriaList([tracker]),
             logits_processor=LogitsProcessorList(
                 [AdmissibleTrie(allowed, width, self.eos_ids[0])] if allowed is not None else []
@@ -202,21 +213,30 @@ class HFEngine:
         )
         generated = out.sequences[:, width:]
         steps = generated.shape[1]
-        temperature = 1.0 if greedy else self.temperature
-        # Log-prob of each chosen token under the temperature-scaled full distribution, one step at a time
-        # (never a [B, T, V] stack).
-        logprobs = torch.stack(
-            [
-                F.log_softmax(logits.float() / temperature, dim=-1)
-                .gather(-1, generated[:, t : t + 1])
-                .squeeze(-1)
-                for t, logits in enumerate(out.logits)
-            ],
-            dim=1,
-        ).cpu()
+        temperature = 1.0 if greedy else temperature
         lengths = torch.where(tracker.lengths < 0, steps, tracker.lengths).tolist()
-        generated = generated.cpu()
-        return [(generated[i, :n].tolist(), logprobs[i, :n].tolist()) for i, n in enumerate(lengths)]
+        rows = generated.cpu().tolist()
+        responses = [row[:n] for row, n in zip(rows, lengths)]
+        # The ids the trie allowed at each position (None: free row); rows past their end count as free.
+        per_position = [
+            allowed_per_position(options, response, self.eos_ids[0]) if options is not None else None
+            for options, response in zip(allowed or [None] * len(prompts), responses)
+        ]
+        # Log-prob of each chosen token under the temperature-scaled distribution (renormalised over the
+        # allowed ids on constrained rows), one step at a time (never a [B, T, V] stack).
+        columns = []
+        for t, logits in enumerate(out.logits):
+            logits = logits.float() / temperature
+            if allowed is not None:
+                step_allowed = [p[t] if p is not None and t < len(p) else None for p in per_position]
+                mask = allowed_mask(step_allowed, logits.shape[-1], logits.device)
+                logits = logits.masked_fill(~mask, -torch.inf)
+            columns.append(F.log_softmax(logits, dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1))
+        logprobs = torch.stack(columns, dim=1).cpu()
+        return [
+            (response, logprobs[i, : len(response)].tolist(), per_position[i])
+            for i, response in enumerate(responses)
+        ]
 
     def sync_weights(self, model) -> None:
         """No-op: this engine generates with the actor itself."""

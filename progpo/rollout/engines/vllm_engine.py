@@ -132,7 +132,7 @@ class VLLMEngine:
         self._tokens_prompt = TokensPrompt
         self.sync_weights(policy.model)  # the actor may already differ from the files (resume, LoRA)
 
-    def _params(self, greedy: bool):
+    def _params(self, greedy: bool, temperature: float | None = None):
         common = dict(
             max_tokens=self.max_new_tokens,
             logprobs=0,
@@ -142,11 +142,15 @@ class VLLMEngine:
         )
         if greedy:
             return self._sampling(temperature=0.0, **common)
-        return self._sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, **common)
+        temperature = self.temperature if temperature is None else float(temperature)
+        return self._sampling(temperature=temperature, top_p=self.top_p, top_k=self.top_k, **common)
 
-    def generate(self, prompts: list[list[int]], greedy: bool = False, admissible=None) -> Generation:
+    def generate(
+        self, prompts: list[list[int]], greedy: bool = False, admissible=None, temperature: float | None = None
+    ) -> Generation:
         """Generate one response per prompt (order kept). ``admissible`` is accepted and ignored: vLLM decodes
-        freely, as in the paper (the env penalises invalid commands)."""
+        freely, as in the paper (the env penalises invalid commands). ``temperature`` overrides the engine's
+        sampling temperature for this call (evaluation)."""
         if not prompts:
             return Generation()
         limit = self.policy.max_context - self.max_new_tokens
@@ -157,7 +161,7 @@ class VLLMEngine:
                 f"{self.policy.name}: set rollout.max_prompt_tokens <= {limit} (or null)"
             )
         inputs = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(inputs, self._params(greedy), use_tqdm=False)
+        outputs = self.llm.generate(inputs, self._params(greedy, temperature), use_tqdm=False)
         ids, texts, logprobs = [], [], []
         for out in outputs:
             completion = out.outputs[0]
@@ -167,7 +171,11 @@ class VLLMEngine:
             steps = completion.logprobs or []
             logprobs.append([float(step[tok].logprob) for step, tok in zip(steps, token_ids)])
         return Generation(
-            response_ids=ids, texts=texts, logprobs=logprobs, n_generated_tokens=sum(len(i) for i in ids)
+            response_ids=ids,
+            texts=texts,
+            logprobs=logprobs,
+            n_generated_tokens=sum(len(i) for i in ids),
+            allowed_token_ids=[None] * len(ids),
         )
 
     def sync_weights(self, model) -> None:
