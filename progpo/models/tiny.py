@@ -34,7 +34,7 @@ from progpo.rollout.prompt import PROMPT_STYLES, PromptBuilder
 
 log = logging.getLogger(__name__)
 
-BUILD_VERSION = 3  # bump when the build procedure changes, so old cache entries are not re-used
+BUILD_VERSION = 4  # bump when the build procedure changes, so old cache entries are not re-used
 PAD, EOS, IM_START = "<|endoftext|>", "<|im_end|>", "<|im_start|>"
 FORMAT_TOKENS = ("<action>", "</action>", "<think>", "</think>")  # single tokens: short answers, clean stops
 CHAT_TEMPLATE = (
