@@ -80,10 +80,9 @@ def _head_logprobs(
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if with_entropy:
-        plogp = logp_all.exp() * logp_all
-        if allowed is not None:
-            plogp = plogp.masked_fill(~allowed, 0.0)  # 0 * -inf
-        entropy = -plogp.sum(-1)
+        # Masked ids have p = 0 and log p = -inf: zero the log first, or 0 * -inf is NaN (and so is its gradient).
+        safe = logp_all.masked_fill(~allowed, 0.0) if allowed is not None else logp_all
+        entropy = -(logp_all.exp() * safe).sum(-1)
     else:
         entropy = logp.new_zeros(logp.shape)
     return logp, entropy

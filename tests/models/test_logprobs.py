@@ -173,3 +173,20 @@ def test_constrained_logprobs_and_entropy_match_a_loop_over_the_allowed_ids(rand
             random_model, batch.input_ids, batch.attention_mask, batch.response_mask,
             allowed=[allowed[0][:-1], None, None, None],
         )  # fmt: skip
+
+
+def test_constrained_entropy_has_a_finite_gradient(random_model):
+    """An entropy bonus on a constrained policy must not turn masked ids' 0 * -inf into NaN gradients."""
+    prompts, responses = [[3, 4, 5]], [[7, 8]]
+    batch = pad_prompt_response(prompts, responses, PAD)
+    model = random_model.train()
+    out = forward_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.response_mask,
+        return_entropy=True, allowed=[[[7, 9, 11], [8]]],
+    )  # fmt: skip
+    (out.entropy.sum() + out.token_logprobs.sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads)
+    model.zero_grad(set_to_none=True)
+    model.eval()
