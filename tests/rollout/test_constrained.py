@@ -44,7 +44,7 @@ def test_placeholder_commands_are_not_enumerated(tiny_policy):
 def test_constrained_logprobs_are_those_of_the_acting_policy(tiny_policy):
     """Engine log-probs = teacher-forced log-probs renormalised over the trie's allowed ids; tokens allowed."""
     from progpo.models.logprobs import forward_logprobs, pad_prompt_response
-    from progpo.rollout.engines.constrained import allowed_per_position
+    from progpo.rollout.engines.constrained import next_tokens
 
     items = _prompts(tiny_policy, 3)
     options = [tuple(obs.admissible_actions) for _, obs in items]
@@ -55,7 +55,7 @@ def test_constrained_logprobs_are_those_of_the_acting_policy(tiny_policy):
     tok, eos = tiny_policy.tokenizer, engine.eos_ids[0]
     for ids, per_position, admissible in zip(gen.response_ids, gen.allowed_token_ids, options):
         seqs = allowed_sequences(tok, admissible, eos)
-        assert per_position == allowed_per_position(seqs, ids, eos)
+        assert per_position == [next_tokens(seqs, ids[:t], eos) for t in range(len(ids))]
         assert all(token in allowed for token, allowed in zip(ids, per_position))
         assert ids in seqs or ids + [eos] in seqs  # a whole allowed answer (stops at </action> or eos)
     batch = pad_prompt_response(prompts, gen.response_ids, tok.pad_token_id)

@@ -7,7 +7,7 @@ Commands that contain a placeholder such as WebShop's ``search[<query>]`` cannot
 with one is decoded freely.
 
 The constrained policy is the one that acts, so it is also the one that is trained: the engine reports, for
-every generated token, the token ids that were allowed at that position (:func:`allowed_per_position`), and
+every generated token, the token ids the trie allowed at that position (``AdmissibleTrie.per_position``), and
 log-probs everywhere (sampling, old, reference, current) are those of the model's distribution renormalised
 over the allowed ids (``forward_logprobs(..., allowed=...)``). Training on the unconstrained log-probs instead
 moves probability onto tokens the sampler can never pick (a negative advantage pushes the chosen command down
@@ -43,20 +43,19 @@ def next_tokens(options: Sequence[Sequence[int]], prefix: Sequence[int], eos_id:
     return sorted(allowed) if allowed else [eos_id]
 
 
-def allowed_per_position(
-    options: Sequence[Sequence[int]], response: Sequence[int], eos_id: int
-) -> list[list[int]]:
-    """For each token of ``response``, the ids the trie allowed at its position."""
-    return [next_tokens(options, response[:t], eos_id) for t in range(len(response))]
-
-
 class AdmissibleTrie(LogitsProcessor):
-    """Masks every token that would leave the set of allowed answers of its row (rows with None are free)."""
+    """Masks every token that would leave the set of allowed answers of its row (rows with None are free).
+
+    It keeps what it allowed at every generation step (``steps`` and ``masks``, one entry per call), so the
+    engine reports the allowed ids and the constrained log-probs without walking the trie again.
+    """
 
     def __init__(self, allowed: list[list[list[int]] | None], prompt_width: int, eos_id: int) -> None:
         self.allowed = allowed
         self.prompt_width = prompt_width
         self.eos_id = eos_id
+        self.steps: list[list[list[int] | None]] = []  # [step][row] allowed ids (None: free row)
+        self.masks: list[torch.Tensor] = []  # [step] [rows, V] bool
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         generated = input_ids[:, self.prompt_width :].tolist()
@@ -65,4 +64,12 @@ class AdmissibleTrie(LogitsProcessor):
             for options, prefix in zip(self.allowed, generated)
         ]
         mask = allowed_mask(step, scores.shape[-1], scores.device)
+        self.steps.append(step)
+        self.masks.append(mask)
         return scores.masked_fill(~mask, float("-inf"))
+
+    def per_position(self, row: int, length: int) -> list[list[int]] | None:
+        """The ids allowed at each of the first ``length`` generated positions of ``row`` (None: free row)."""
+        if self.allowed[row] is None:
+            return None
+        return [self.steps[t][row] for t in range(length)]

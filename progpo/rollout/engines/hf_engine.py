@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from progpo.models.logprobs import allowed_mask
 from progpo.models.policy import Policy
 from progpo.rollout.engines.base import DEFAULT_STOP, Generation, check_sampling
-from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_per_position, allowed_sequences
+from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_sequences
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +80,8 @@ class HFEngine:
         batch_size: prompts per ``generate`` call.
         stop: strings that end a response (included in it); the answer format ends with ``</action>``.
         constrain_to_admissible: decode only answers ``<action>cmd</action>`` with ``cmd`` admissible (when
-            the collector passes the admissible commands); reported log-probs stay those of the model's
-            unconstrained distribution. None (default) = the policy's own preference (``model=tiny``: on;
+            the collector passes the admissible commands); reported log-probs are then those of the model's
+            distribution renormalised over the allowed ids (``Generation.allowed_token_ids``). None (default) = the policy's own preference (``model=tiny``: on;
             pretrained models: off, the paper's setup).
     """
 
@@ -202,14 +201,13 @@ class HFEngine:
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
         tracker = _StopTracker(self.policy.tokenizer, self.stop, self.eos_ids, width, len(prompts))
+        trie = AdmissibleTrie(allowed, width, self.eos_ids[0]) if allowed is not None else None
         out = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             generation_config=self._config(greedy, temperature),
             stopping_criteria=StoppingCriteriaList([tracker]),
-            logits_processor=LogitsProcessorList(
-                [AdmissibleTrie(allowed, width, self.eos_ids[0])] if allowed is not None else []
-            ),
+            logits_processor=LogitsProcessorList([trie] if trie is not None else []),
         )
         generated = out.sequences[:, width:]
         steps = generated.shape[1]
@@ -217,24 +215,21 @@ class HFEngine:
         lengths = torch.where(tracker.lengths < 0, steps, tracker.lengths).tolist()
         rows = generated.cpu().tolist()
         responses = [row[:n] for row, n in zip(rows, lengths)]
-        # The ids the trie allowed at each position (None: free row); rows past their end count as free.
-        per_position = [
-            allowed_per_position(options, response, self.eos_ids[0]) if options is not None else None
-            for options, response in zip(allowed or [None] * len(prompts), responses)
-        ]
         # Log-prob of each chosen token under the temperature-scaled distribution (renormalised over the
-        # allowed ids on constrained rows), one step at a time (never a [B, T, V] stack).
+        # allowed ids on constrained rows, with the trie's own masks), one step at a time (never [B, T, V]).
         columns = []
         for t, logits in enumerate(out.logits):
             logits = logits.float() / temperature
-            if allowed is not None:
-                step_allowed = [p[t] if p is not None and t < len(p) else None for p in per_position]
-                mask = allowed_mask(step_allowed, logits.shape[-1], logits.device)
-                logits = logits.masked_fill(~mask, -torch.inf)
+            if trie is not None:
+                logits = logits.masked_fill(~trie.masks[t], -torch.inf)
             columns.append(F.log_softmax(logits, dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1))
         logprobs = torch.stack(columns, dim=1).cpu()
         return [
-            (response, logprobs[i, : len(response)].tolist(), per_position[i])
+            (
+                response,
+                logprobs[i, : len(response)].tolist(),
+                trie.per_position(i, len(response)) if trie is not None else None,
+            )
             for i, response in enumerate(responses)
         ]
 
