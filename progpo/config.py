@@ -36,6 +36,7 @@ class TrainerConfig:
     kl_coef: float = 0.01
     entropy_coef: float = 0.0
     grad_clip: float = 1.0
+    skip_zero_advantage: bool = False
     val_every: int = 5
     val_temperature: float = 0.4
     ckpt_every: int = 5

@@ -87,8 +87,13 @@ class ProGPOModule(L.LightningModule):
 
     @torch.no_grad()
     def score_turns(self, turns: list[Turn]) -> ScoredTurns:
-        """Old and reference log-probs of every response token, and the last-prompt-token embedding."""
-        order = _length_order(turns)
+        """Old and reference log-probs of every response token, and the last-prompt-token embedding.
+
+        Identical turns (same prompt, response and allowed ids: the N rollouts' shared first step, or a policy
+        going round a loop, which with a K-step history shows the same prompt again) are scored once and shared.
+        """
+        representative = _first_of_each(turns)
+        order = sorted(set(representative), key=lambda i: _seq_len(turns[i]))
         old: list[torch.Tensor | None] = [None] * len(turns)
         ref: list[torch.Tensor | None] = [None] * len(turns)
         embeddings: list[torch.Tensor | None] = [None] * len(turns)
@@ -115,6 +120,8 @@ class ProGPOModule(L.LightningModule):
                 if ref_out is not None:
                     ref[i] = ref_out.token_logprobs[row][mask[row]].float()
                 embeddings[i] = out.last_prompt_hidden[row].float()
+        for i, rep in enumerate(representative):
+            old[i], ref[i], embeddings[i] = old[rep], ref[rep], embeddings[rep]
         self.actor.train()
         return ScoredTurns(
             old_logprobs=old,  # type: ignore[arg-type]
@@ -174,6 +181,10 @@ class ProGPOModule(L.LightningModule):
     def _ppo_update(self, turns: list[Turn], scored: ScoredTurns, advantages: torch.Tensor) -> dict[str, float]:
         opt = self.optimizers()
         trainable = [i for i, t in enumerate(turns) if len(t.response_ids) > 0]
+        if self.cfg.skip_zero_advantage:
+            # A step whose advantage is exactly 0 (e.g. every rollout of its task failed) has no policy
+            # gradient; leaving it out saves its forward/backward, and KL/entropy act on the updated steps.
+            trainable = [i for i in trainable if float(advantages[i]) != 0.0]
         sums: dict[str, float] = {}
         n_minibatches = 0
         generator = torch.Generator().manual_seed(int(torch.initial_seed() % (2**31)) + self.current_epoch)
@@ -214,11 +225,13 @@ class ProGPOModule(L.LightningModule):
                     sums[name] = sums.get(name, 0.0) + value
                 n_minibatches += 1
         if n_minibatches == 0:
-            return {}
+            return {"train/steps_updated": 0.0}
         names = {"loss": "loss/total", "policy_loss": "loss/policy", "kl": "loss/kl",
                  "clip_fraction": "loss/clip_fraction", "approx_kl": "loss/approx_kl",
                  "entropy": "loss/entropy", "grad_norm": "loss/grad_norm"}
-        return {names[k]: v / n_minibatches for k, v in sums.items()}
+        out = {names[k]: v / n_minibatches for k, v in sums.items()}
+        out["train/steps_updated"] = float(len(trainable))
+        return out
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: RolloutBatch, batch_idx: int):
@@ -298,9 +311,14 @@ def _seq_len(turn: Turn) -> int:
     return len(turn.prompt_ids) + len(turn.response_ids)
 
 
-def _length_order(turns: list[Turn]) -> list[int]:
-    """Indices sorted by sequence length, so micro-batches carry little padding."""
-    return sorted(range(len(turns)), key=lambda i: _seq_len(turns[i]))
+def _first_of_each(turns: list[Turn]) -> list[int]:
+    """For every turn, the index of the first turn with the same prompt, response and allowed ids."""
+    first: dict[tuple, int] = {}
+    out = []
+    for i, t in enumerate(turns):
+        allowed = tuple(map(tuple, t.allowed_token_ids)) if t.allowed_token_ids is not None else None
+        out.append(first.setdefault((tuple(t.prompt_ids), tuple(t.response_ids), allowed), i))
+    return out
 
 
 def _scatter_rows(values: list[torch.Tensor], idx: list[int], mask: torch.Tensor) -> torch.Tensor:

@@ -232,7 +232,8 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> tuple[dict[str, flo
 
     metrics = final_metrics(module)
     table = summary_table(module.initial_eval or {}, module.last_eval or {}, suite.task_types)
-    log.info("summary (held-out success, start vs end):\n%s", table)
+    sampling = "greedy" if typed.trainer.val_temperature == 0 else f"sampled at T={typed.trainer.val_temperature:g}"
+    log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
     (run_dir / "summary.md").write_text(table + "\n")
     _plot_curves(module.history, run_dir, logger)
     if logger is not None and hasattr(logger, "finalize"):

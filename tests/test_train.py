@@ -31,8 +31,10 @@ def _cfg(tmp_path: Path, *overrides: str):
 @pytest.mark.parametrize("credit", ["grpo", "gigpo", "hgpo", "progpo"])
 def test_fast_dev_run_each_estimator(tmp_path, credit):
     # A 12-demo warm start on 6-step episodes often wins nothing, and then every advantage is 0 and the first KL
-    # gradient too (actor == reference): a small entropy bonus makes "the update moved the actor" independent of luck.
-    metrics, objects = train(_cfg(tmp_path, f"credit={credit}", "trainer.entropy_coef=0.01"))
+    # gradient too (actor == reference): a small entropy bonus on every step (none skipped) makes "the update moved
+    # the actor" independent of luck.
+    metrics, objects = train(_cfg(tmp_path, f"credit={credit}", "trainer.entropy_coef=0.01",
+                                     "trainer.skip_zero_advantage=false"))
     assert metrics["iterations"] == 1
     for key in ("train/success", "val/success", "start/success", "loss/policy", "loss/kl", "perf/rollout_s",
                 "perf/credit_s", "perf/update_s", "train/episode_length", "train/invalid_rate"):

@@ -60,6 +60,8 @@ def test_paper_settings(name, env, max_steps):
     assert (cfg.rollout.tasks_per_batch, cfg.rollout.group_size, cfg.rollout.history) == (16, 8, 2)
     assert (cfg.trainer.lr, cfg.trainer.kl_coef, cfg.trainer.max_iterations) == (1e-6, 0.01, 160)
     assert cfg.env.max_steps == max_steps and cfg.credit.history == 2
+    # the paper updates on every step and validates at verl-agent's T=0.4 (the CPU default differs in both)
+    assert cfg.trainer.skip_zero_advantage is False and cfg.trainer.val_temperature == 0.4
 
 
 def test_trial_config_applies_sampled_values_and_links_the_study(tmp_path):
