@@ -184,7 +184,8 @@ class ProGPOModule(L.LightningModule):
         if self.cfg.skip_zero_advantage:
             # A step whose advantage is exactly 0 (e.g. every rollout of its task failed) has no policy
             # gradient; leaving it out saves its forward/backward, and KL/entropy act on the updated steps.
-            trainable = [i for i in trainable if float(advantages[i]) != 0.0]
+            nonzero = (advantages != 0).tolist()
+            trainable = [i for i in trainable if nonzero[i]]
         sums: dict[str, float] = {}
         n_minibatches = 0
         generator = torch.Generator().manual_seed(int(torch.initial_seed() % (2**31)) + self.current_epoch)
@@ -224,12 +225,12 @@ class ProGPOModule(L.LightningModule):
                 for name, value in parts.items():
                     sums[name] = sums.get(name, 0.0) + value
                 n_minibatches += 1
-        if n_minibatches == 0:
-            return {"train/steps_updated": 0.0}
         names = {"loss": "loss/total", "policy_loss": "loss/policy", "kl": "loss/kl",
                  "clip_fraction": "loss/clip_fraction", "approx_kl": "loss/approx_kl",
                  "entropy": "loss/entropy", "grad_norm": "loss/grad_norm"}
-        out = {names[k]: v / n_minibatches for k, v in sums.items()}
+        # No minibatch (every step skipped): the loss terms of an empty update are 0, so every iteration logs
+        # the same keys and curves have no holes.
+        out = {names[k]: sums.get(k, 0.0) / max(n_minibatches, 1) for k in names}
         out["train/steps_updated"] = float(len(trainable))
         return out
 

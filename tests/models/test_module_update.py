@@ -99,3 +99,4 @@ def test_all_zero_advantages_update_only_when_not_skipped(tiny_policy, skip):
     moved = any(not torch.equal(before[k], after[k]) for k in before)
     assert moved is (not skip)  # only the entropy bonus can move it, and only when those steps are kept
     assert metrics["train/steps_updated"] == (0 if skip else len(turns))
+    assert "loss/policy" in metrics and "loss/kl" in metrics  # the same keys whether or not anything was updated
