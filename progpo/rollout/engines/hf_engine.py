@@ -81,8 +81,8 @@ class HFEngine:
         stop: strings that end a response (included in it); the answer format ends with ``</action>``.
         constrain_to_admissible: decode only answers ``<action>cmd</action>`` with ``cmd`` admissible (when
             the collector passes the admissible commands); reported log-probs are then those of the model's
-            distribution renormalised over the allowed ids (``Generation.allowed_token_ids``). None (default) = the policy's own preference (``model=tiny``: on;
-            pretrained models: off, the paper's setup).
+            distribution renormalised over the allowed ids (``Generation.allowed_token_ids``). None (default) =
+            the policy's own preference (``model=tiny``: on; pretrained models: off, the paper's setup).
     """
 
     def __init__(
