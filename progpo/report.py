@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from progpo.credit.result import DIAGNOSTIC_STATS
 from progpo.tracking.mlflow_logger import KIND_TAG
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ TASK_SHORT = {
     "pick_heat_then_place_in_recep": "Heat",
     "pick_two_obj_and_place": "Pick2",
 }
-CREDIT_KEYS = ("peer_zero", "transition_active", "transition_only", "still_zero", "multi_depth")
+CREDIT_KEYS = DIAGNOSTIC_STATS
 CURVE_KEYS = ("train/success", "val/success", *(f"credit/{k}" for k in CREDIT_KEYS))
 EMA_DECAY = 0.95
 

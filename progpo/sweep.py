@@ -384,9 +384,9 @@ def run_sweep(
 class OptunaTrialCallback(L.Callback):
     """Lightning callback for one trial: links the MLflow run and prunes on the held-out metric.
 
-    At setup the logger's run id becomes the trial's ``mlflow_run_id`` user attr; after each validation
-    ``trainer.callback_metrics[monitor]`` (else ``pl_module.last_eval[monitor]``) is reported at step = RL iteration
-    and ``optuna.TrialPruned`` raised when the pruner says so.
+    At setup the logger's run id becomes the trial's ``mlflow_run_id`` user attr; after each validation the
+    evaluation's ``monitor`` value (from the step outputs) is reported at step = RL iterations done and
+    ``optuna.TrialPruned`` raised when the pruner says so.
     """
 
     def __init__(self, trial: optuna.Trial, monitor: str = "val/success") -> None:
@@ -401,16 +401,12 @@ class OptunaTrialCallback(L.Callback):
             self.run_id = run_id
             self.trial.set_user_attr("mlflow_run_id", run_id)
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if getattr(trainer, "sanity_checking", False):
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        result = outputs.get("result") if isinstance(outputs, dict) else None
+        if getattr(trainer, "sanity_checking", False) or result is None or self.monitor not in result.metrics:
             return
-        value = trainer.callback_metrics.get(self.monitor)
-        if value is None:  # the RL module keeps its evaluation in `last_eval` when it does not self.log it
-            value = (getattr(pl_module, "last_eval", None) or {}).get(self.monitor)
-        if value is None:
-            return
-        value = float(value)
-        step = int(getattr(pl_module, "iterations_done", trainer.current_epoch))
+        value, step = float(result.metrics[self.monitor]), int(result.iteration)
         if not math.isfinite(value) or step in self.reported:
             return
         self.reported[step] = value

@@ -22,8 +22,26 @@ def _cfg(*overrides: str):
 
 def test_default_config_is_valid():
     typed = validate_config(_cfg())
-    assert typed.trainer.max_iterations >= 1
+    assert typed.schedule.max_iterations >= 1
     assert typed.rollout.group_size >= 1
+    assert typed.trainer.precision == "32-true" and typed.ppo.kl_coef > 0 and typed.eval.every >= 1
+
+
+def test_credit_history_follows_the_rollout_history():
+    for credit in ("hgpo", "progpo"):
+        assert _cfg(f"credit={credit}", "rollout.history=3").credit.history == 3
+    # an explicit credit.history still wins (e.g. an ablation of the credit window alone)
+    assert _cfg("rollout.history=3", "credit.history=1").credit.history == 1
+
+
+def test_the_trainer_group_is_exactly_lightning_trainer_arguments():
+    import inspect
+
+    import lightning as L
+
+    trainer_args = set(inspect.signature(L.Trainer.__init__).parameters)
+    for choice in ("cpu", "gpu"):
+        assert set(_cfg(f"trainer={choice}").trainer) <= trainer_args
 
 
 @pytest.mark.parametrize("credit", ["grpo", "gigpo", "hgpo", "progpo"])
@@ -38,8 +56,11 @@ def test_every_credit_choice_is_valid(credit):
         ("credit.history=-1", "credit.history"),
         ("credit.var_floor=0", "credit.var_floor"),
         ("credit.lambda_fb=1.5", "credit.lambda_fb"),
-        ("trainer.lr=0", "trainer.lr"),
-        ("trainer.max_iterations=0", "trainer.max_iterations"),
+        ("optim.lr=0", "optim.lr"),
+        ("schedule.max_iterations=0", "schedule.max_iterations"),
+        ("ppo.clip_ratio=0", "ppo.clip_ratio"),
+        ("eval.temperature=-1", "eval.temperature"),
+        ("trainer.num_nodes=0", "trainer.num_nodes"),
         ("rollout.group_size=0", "rollout.group_size"),
         ("rollout.history=-2", "rollout.history"),
         ("env.max_steps=0", "env.max_steps"),
@@ -55,6 +76,7 @@ def test_out_of_range_values_name_the_key(override, key):
     ("override", "key"),
     [
         ("+trainer.lrr=1", "trainer.lrr"),
+        ("+ppo.epoch=1", "ppo.epoch"),
         ("+credit.lambda_trr=1", "credit.lambda_trr"),
         ("+rollout.groupsize=3", "rollout.groupsize"),
         ("+env.nonsense=1", "env.nonsense"),

@@ -33,21 +33,24 @@ def test_fast_dev_run_each_estimator(tmp_path, credit):
     # A 12-demo warm start on 6-step episodes often wins nothing, and then every advantage is 0 and the first KL
     # gradient too (actor == reference): a small entropy bonus on every step (none skipped) makes "the update moved
     # the actor" independent of luck.
-    metrics, objects = train(_cfg(tmp_path, f"credit={credit}", "trainer.entropy_coef=0.01",
-                                     "trainer.skip_zero_advantage=false"))
+    metrics, run = train(_cfg(tmp_path, f"credit={credit}", "ppo.entropy_coef=0.01",
+                              "ppo.skip_zero_advantage=false"))
     assert metrics["iterations"] == 1
     for key in ("train/success", "val/success", "start/success", "loss/policy", "loss/kl", "perf/rollout_s",
                 "perf/credit_s", "perf/update_s", "train/episode_length", "train/invalid_rate"):
         assert key in metrics, key
     assert 0.0 <= metrics["val/success"] <= 1.0
-    assert (objects.run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert (objects.run_dir / "summary.md").read_text().startswith("| task type")
+    # the HF engine samples with the actor itself: its log-probs are the trainer's old log-probs
+    assert metrics["rollout/logprob_diff_mean"] < 1e-5 and metrics["rollout/logprob_diff_max"] < 1e-3
+    assert 0.0 <= metrics["rollout/sampler_kl"] < 1e-6
+    assert (run.run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run.run_dir / "summary.md").read_text().startswith("| task type")
     if credit == "progpo":
         for key in ("peer_zero", "transition_active", "transition_only", "still_zero", "multi_depth"):
             assert f"credit/{key}" in metrics
     # the actor moved away from the frozen reference (the warm-started weights)
-    actor = dict(objects.module.actor.named_parameters())
-    reference = dict(objects.module.reference.named_parameters())
+    actor = dict(run.module.actor.named_parameters())
+    reference = dict(run.module.rl.reference.named_parameters())
     changed = [name for name, p in actor.items() if not torch.equal(p.detach().cpu(), reference[name].cpu())]
     assert changed, "no parameter changed after an update"
 
@@ -60,7 +63,7 @@ def _rows(path: Path) -> list[dict]:
 def test_sigkill_then_resume_continues_at_next_iteration(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "progpo.train", "experiment=fast_dev", "logger=none", f"run_dir={run_dir}",
-            "trainer.max_iterations=3", "trainer.val_every=10", f"hydra.run.dir={tmp_path / 'hydra'}"]
+            "schedule.max_iterations=3", "eval.every=10", f"hydra.run.dir={tmp_path / 'hydra'}"]
     env = dict(os.environ)
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -97,3 +100,4 @@ def test_sigkill_then_resume_continues_at_next_iteration(tmp_path):
     assert any("val/success" in r and int(r["step"]) == 0 for r in rows)  # the start evaluation survived
     final = torch.load(last, map_location="cpu", weights_only=False)
     assert final["progpo"]["iterations_done"] == 3
+    assert final["RolloutDataModule"] == {"iterations_done": 3}  # the task stream continued where it stopped

@@ -1,4 +1,4 @@
-"""Credit estimators: ``StepBatch -> CreditResult`` (contract: ``shared/spec/credit.md``).
+"""Credit estimators: ``StepBatch -> CreditResult`` (contract: ``docs/credit.md``).
 
 - ``GRPO``: trajectory-level group advantage (paper Eq. 1).
 - ``GiGPO``: episode plus anchor-state step advantage (Eqs. 1-2).
@@ -14,6 +14,6 @@ from .grpo import GRPO
 from .hgpo import HGPO
 from .knn import FaissKNN, TorchKNN
 from .progpo import ProGPO
-from .result import CreditResult
+from .result import DIAGNOSTIC_STATS, CreditResult
 
-__all__ = ["CreditResult", "FaissKNN", "GRPO", "GiGPO", "HGPO", "ProGPO", "StepBatch", "TorchKNN"]
+__all__ = ["DIAGNOSTIC_STATS", "CreditResult", "FaissKNN", "GRPO", "GiGPO", "HGPO", "ProGPO", "StepBatch", "TorchKNN"]

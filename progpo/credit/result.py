@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["CreditResult"]
+__all__ = ["DIAGNOSTIC_STATS", "CreditResult"]
+
+# The credit diagnostics, as shares of a batch's steps (logged as ``credit/<name>``; plotted by the run's curves and
+# the report's Figure 5): peer comparison gives nothing, transition credit acts, acts alone, nothing acts, more
+# than one history depth is fused. Estimators report the subset that applies to them.
+DIAGNOSTIC_STATS = ("peer_zero", "transition_active", "transition_only", "still_zero", "multi_depth")
 
 
 @dataclass(eq=False)

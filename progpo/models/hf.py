@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs.base import EnvSuite
-from progpo.models.policy import Policy
+from progpo.types import Policy
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from progpo.masks import allowed_mask
+
 
 @dataclass
 class TokenBatch:
@@ -86,19 +88,6 @@ def _head_logprobs(
     else:
         entropy = logp.new_zeros(logp.shape)
     return logp, entropy
-
-
-def allowed_mask(allowed: Sequence[Sequence[int] | None], vocab_size: int, device=None) -> torch.Tensor:
-    """[N, V] bool mask: row i is True at ``allowed[i]``, everywhere when ``allowed[i]`` is None."""
-    mask = torch.zeros((len(allowed), vocab_size), dtype=torch.bool)
-    rows = [i for i, ids in enumerate(allowed) for _ in (ids or ())]
-    cols = [j for ids in allowed for j in (ids or ())]
-    if rows:
-        mask[rows, cols] = True
-    free = [i for i, ids in enumerate(allowed) if ids is None]
-    if free:
-        mask[free] = True
-    return mask.to(device) if device is not None else mask
 
 
 def _allowed_rows(

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs.base import EnvSuite
 from progpo.models.cache import cached_build
-from progpo.models.policy import Policy
+from progpo.types import Policy
 
 log = logging.getLogger(__name__)
 

@@ -10,83 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from envs.base import EnvSuite, Observation, Task, obs_id
 from progpo.rollout.projection import project_action
+from progpo.types import Episode, RolloutBatch, Turn
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Turn:
-    """One agent step: what the model saw and said, and what the env answered."""
-
-    traj: int
-    group: int
-    t: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    sample_logprobs: list[float]
-    observation: str
-    obs_id: int
-    response_text: str
-    action: str
-    valid: bool
-    reward: float
-    done: bool
-    prompt_truncated: bool = False
-    # Constrained decoding: the token ids allowed at each response position (None: decoded freely).
-    allowed_token_ids: list[list[int]] | None = None
-
-
-@dataclass
-class Episode:
-    """Outcome of one trajectory."""
-
-    traj: int
-    group: int
-    task: Task
-    won: bool
-    length: int
-    n_invalid: int
-    total_reward: float
-    error: str | None = None
-
-
-@dataclass
-class RolloutBatch:
-    """Everything one iteration's update needs, plus throughput numbers."""
-
-    turns: list[Turn]
-    episodes: list[Episode]
-    rollout_seconds: float
-    generated_tokens: int
-    env_steps: int
-    extra: dict[str, float] = field(default_factory=dict)
-
-    def metrics(self, prefix: str) -> dict[str, float]:
-        """Success overall and per task type, episode length, invalid-action rate."""
-        return episode_metrics(self.episodes, prefix)
-
-
-def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
-    if not episodes:
-        return {}
-    won = np.array([e.won for e in episodes], dtype=np.float64)
-    lengths = np.array([e.length for e in episodes], dtype=np.float64)
-    invalid = np.array([e.n_invalid for e in episodes], dtype=np.float64)
-    out = {
-        f"{prefix}/success": float(won.mean()),
-        f"{prefix}/episode_length": float(lengths.mean()),
-        f"{prefix}/invalid_rate": float(invalid.sum() / max(lengths.sum(), 1.0)),
-    }
-    for task_type in sorted({e.task.task_type for e in episodes}):
-        mask = np.array([e.task.task_type == task_type for e in episodes])
-        out[f"{prefix}/success/{task_type}"] = float(won[mask].mean())
-    return out
 
 
 class RolloutCollector:
@@ -126,7 +57,6 @@ class RolloutCollector:
         tasks: Sequence[Task],
         group_size: int,
         greedy: bool = False,
-        progress: Callable[[int, int], None] | None = None,
         temperature: float | None = None,
     ) -> RolloutBatch:
         """Play every task ``group_size`` times; rollouts of task ``g`` form group ``g``.
@@ -142,7 +72,6 @@ class RolloutCollector:
         turns: list[Turn] = []
         steps = np.zeros(num_envs, dtype=np.int64)
         invalid = np.zeros(num_envs, dtype=np.int64)
-        totals = np.zeros(num_envs, dtype=np.float64)
         won = np.zeros(num_envs, dtype=bool)
         errors: list[str | None] = [None] * num_envs
         active = list(range(num_envs))
@@ -179,7 +108,6 @@ class RolloutCollector:
                 steps[i] += 1
                 if steps[i] >= self.max_steps:
                     done = True
-                totals[i] += reward
                 invalid[i] += 0 if info.valid else 1
                 won[i] = won[i] or bool(info.won)
                 if info.extra.get("error"):
@@ -192,13 +120,11 @@ class RolloutCollector:
                         prompt_ids=list(prompts[k].ids),
                         response_ids=list(generation.response_ids[k]),
                         sample_logprobs=list(generation.logprobs[k]),
-                        observation=obs_before.text,
                         obs_id=obs_id(obs_before.text),
                         response_text=generation.texts[k],
                         action=actions[i],
                         valid=bool(info.valid),
                         reward=float(reward),
-                        done=bool(done),
                         prompt_truncated=bool(prompts[k].truncated),
                         allowed_token_ids=(
                             generation.allowed_token_ids[k] if generation.allowed_token_ids else None
@@ -210,8 +136,6 @@ class RolloutCollector:
                 if not done:
                     still_active.append(i)
             active = still_active
-            if progress is not None:
-                progress(num_envs - len(active), num_envs)
 
         episodes = [
             Episode(
@@ -221,7 +145,6 @@ class RolloutCollector:
                 won=bool(won[i]),
                 length=int(steps[i]),
                 n_invalid=int(invalid[i]),
-                total_reward=float(totals[i]),
                 error=errors[i],
             )
             for i in range(num_envs)

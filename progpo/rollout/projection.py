@@ -33,6 +33,15 @@ def normalize_action(text: str) -> str:
     return text.lower()
 
 
+def find_admissible(text: str, admissible: Sequence[str]) -> str | None:
+    """The admissible command equal to ``text`` up to case, whitespace and quotes; None when none is."""
+    key = normalize_action(text)
+    for command in admissible:
+        if normalize_action(command) == key:
+            return command
+    return None
+
+
 def extract_action(text: str) -> str | None:
     """Content of the last closed ``<action>...</action>`` tag, or None when there is none."""
     matches = _ACTION_RE.findall(text)
@@ -54,7 +63,5 @@ def project_action(text: str, admissible: Sequence[str]) -> ProjectedAction:
         if not key:
             return ProjectedAction(action=raw, valid=False)
         return ProjectedAction(action=_SPACES.sub(" ", raw).strip(), valid=True)
-    for command in admissible:
-        if normalize_action(command) == key:
-            return ProjectedAction(action=command, valid=True)
-    return ProjectedAction(action=raw, valid=False)
+    command = find_admissible(raw, admissible)
+    return ProjectedAction(action=command, valid=True) if command else ProjectedAction(action=raw, valid=False)

@@ -20,12 +20,16 @@ CLASSES = {"grpo": GRPO, "gigpo": GiGPO, "hgpo": HGPO, "progpo": ProGPO}
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_config_lists_every_kwarg_with_its_default(name):
     cls = CLASSES[name]
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    raw = OmegaConf.load(CONF / f"{name}.yaml")
+    if "history" in raw:  # K_h follows the prompt window: a step is compared under the history the policy saw
+        assert OmegaConf.to_container(raw)["history"] == "${rollout.history}"
+    # resolved the way the composed run config resolves it (rollout.history defaults to the paper's 2)
+    cfg = OmegaConf.create({"credit": raw, "rollout": {"history": 2}}).credit
     assert cfg._target_ == f"progpo.credit.{cls.__name__}"
     defaults = {
         p.name: p.default for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"
     }
-    listed = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "_target_"}
+    listed = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "_target_"}
     assert listed == defaults
     for key, value in defaults.items():
         assert type(listed[key]) is type(value), key  # floats are float literals, ints are ints

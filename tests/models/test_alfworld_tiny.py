@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from progpo.models.tiny import build_tiny
-from progpo.models.warm_start import WarmStartConfig, collect_demos
 from progpo.rollout.prompt import PromptBuilder
+from progpo.warmstart import WarmStartConfig, collect_demos
+from progpo.warmstart.tiny import build_tiny
 
 pytest.importorskip("alfworld")
 

@@ -8,7 +8,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from progpo.loss import ppo_loss
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
-from progpo.models.policy import Policy, make_reference
+from progpo.models.policy import make_reference
+from progpo.types import Policy
 
 PAD = 0
 

@@ -17,8 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 from progpo.models.cache import COMPLETE, cached_build
 from progpo.models.policy import make_reference
-from progpo.models.tiny import build_tiny, check_reload, count_parameters, train_tokenizer
-from progpo.models.warm_start import WarmStartConfig, collect_demos
+from progpo.models.tiny import check_reload, count_parameters, train_tokenizer
+from progpo.warmstart import WarmStartConfig, collect_demos
+from progpo.warmstart.tiny import build_tiny
 
 
 def test_tiny_policy_is_a_complete_reloadable_model(tiny_policy):
@@ -198,7 +199,7 @@ def test_tokenizer_is_the_same_after_reload_as_during_the_warm_start(tiny_policy
 def test_length_bucketed_batches_cover_every_row_once_with_similar_lengths():
     import torch
 
-    from progpo.models.warm_start import length_bucketed_batches
+    from progpo.warmstart import length_bucketed_batches
 
     lengths = [int(x) for x in torch.randint(50, 320, (1000,), generator=torch.Generator().manual_seed(1))]
     batches = length_bucketed_batches(lengths, 32, torch.Generator().manual_seed(0), bucket_batches=8)

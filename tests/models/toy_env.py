@@ -126,7 +126,7 @@ TEST_WARM_START = {"n_episodes": 32, "epochs": 4, "batch_size": 16, "lr": 3e-3, 
 
 def build_test_tiny():
     """The tiny policy on the fake suite, built once per test session (cached in PROGPO_CACHE_DIR)."""
-    from progpo.models.tiny import build_tiny
+    from progpo.warmstart.tiny import build_tiny
 
     return build_tiny(fake_room_suite(), device="cpu", warm_start=TEST_WARM_START, **TEST_SHAPE)
 

@@ -46,7 +46,7 @@ def test_compare_methods_sweeps_the_four_estimators():
     assert cfg.logger.experiment_name == "compare_methods"
     smoke, _ = _compose("experiment=[compare_methods,fast_dev]", "credit=hgpo")
     validate_config(smoke)
-    assert smoke.trainer.max_iterations == 1 and smoke.logger.experiment_name == "compare_methods"
+    assert smoke.schedule.max_iterations == 1 and smoke.logger.experiment_name == "compare_methods"
 
 
 @pytest.mark.parametrize(("name", "env", "max_steps"), [("paper_alfworld", "alfworld", 50),
@@ -58,17 +58,18 @@ def test_paper_settings(name, env, max_steps):
     assert (choices.env, choices.model, choices.credit, choices.rollout, choices.trainer) == (
         env, "qwen2.5-1.5b", "progpo", "vllm", "gpu")
     assert (cfg.rollout.tasks_per_batch, cfg.rollout.group_size, cfg.rollout.history) == (16, 8, 2)
-    assert (cfg.trainer.lr, cfg.trainer.kl_coef, cfg.trainer.max_iterations) == (1e-6, 0.01, 160)
+    assert (cfg.optim.lr, cfg.ppo.kl_coef, cfg.schedule.max_iterations) == (1e-6, 0.01, 160)
     assert cfg.env.max_steps == max_steps and cfg.credit.history == 2
     # the paper updates on every step and validates at verl-agent's T=0.4 (the CPU default differs in both)
-    assert cfg.trainer.skip_zero_advantage is False and cfg.trainer.val_temperature == 0.4
+    assert cfg.ppo.skip_zero_advantage is False and cfg.eval.temperature == 0.4
 
 
 def test_trial_config_applies_sampled_values_and_links_the_study(tmp_path):
     spec = SweepSpec(study_name="s", overrides=("experiment=fast_dev",), output_dir=str(tmp_path))
-    cfg = trial_config(spec, {"credit.lambda_tr": 0.25, "credit.history": 1}, number=7)
+    cfg = trial_config(spec, {"credit.lambda_tr": 0.25, "rollout.history": 1}, number=7)
     validate_config(cfg)
-    assert (cfg.credit.lambda_tr, cfg.credit.history) == (0.25, 1)
+    # K_h moves the prompt window and the estimator's prefix depth together
+    assert (cfg.credit.lambda_tr, cfg.rollout.history, cfg.credit.history, cfg.model.history) == (0.25, 1, 1, 1)
     assert cfg.run_dir == str(tmp_path / "s" / "trial_0007")
     assert cfg.logger.experiment_name == "s" and cfg.logger.group == "s"
     assert cfg.logger.tags == {"optuna.study_name": "s", "optuna.trial_number": "7"}

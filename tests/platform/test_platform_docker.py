@@ -68,8 +68,8 @@ def test_sweeper_command_uses_a_real_sweep_file_and_experiment(compose):
     assert (REPO / "conf" / "experiment" / f"{experiment}.yaml").is_file()
     paper = OmegaConf.load(REPO / "conf" / "experiment" / "paper_alfworld.yaml")
     assert paper.rollout.tasks_per_batch == 16 and paper.rollout.group_size == 8
-    assert paper.trainer.lr == pytest.approx(1e-6) and paper.trainer.kl_coef == pytest.approx(0.01)
-    assert paper.trainer.max_iterations == 160 and paper.env.max_steps == 50 and paper.env.source == "official"
+    assert paper.optim.lr == pytest.approx(1e-6) and paper.ppo.kl_coef == pytest.approx(0.01)
+    assert paper.schedule.max_iterations == 160 and paper.env.max_steps == 50 and paper.env.source == "official"
 
 
 def test_git_commit_falls_back_to_the_build_argument(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 # fast_dev shrunk further: the offline shop, 2 held-out goals, 3-step episodes, one task x 2 rollouts, one torch
 # thread (several threads on a busy 2-core machine make a run 5x slower, not faster).
 SMALL = ["env=webshop", "env.n_eval=2", "env.max_steps=3", "rollout.tasks_per_batch=1", "rollout.group_size=2",
-         "trainer.num_threads=1"]
+         "torch_threads=1"]
 COMPLETE, PRUNED, FAIL = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
                            optuna.trial.TrialState.FAIL)
 
@@ -49,7 +49,7 @@ def test_multirun_2x2_then_report(tmp_path):
         assert run.info.status == "FINISHED"
         assert tags["group"] == str(sweep_dir) and tags["env"] == "webshop" and tags["model"] == "tiny"
         assert tags["git_commit"] == head
-        assert run.data.params["trainer.max_iterations"] == "1"
+        assert run.data.params["schedule.max_iterations"] == "1"
         assert 0.0 <= metrics["val/success"] <= 1.0 and "train/success" in metrics and "loss/policy" in metrics
         if tags["method"] == "progpo":
             assert {f"credit/{k}" for k in ("peer_zero", "transition_active", "still_zero")} <= set(metrics)

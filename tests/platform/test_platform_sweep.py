@@ -10,9 +10,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from progpo.algo.iteration import EvalResult
 from progpo.sweep import (
     OptunaTrialCallback,
     PrunerSpec,
@@ -57,7 +57,7 @@ def test_repo_sweep_file_parses_with_settings():
     spec = load_spec(REPO / "sweeps" / "progpo_alfworld.yaml", ["n_trials=6", "sampler.seed=3", "storage=null"])
     assert spec.n_trials == 6 and spec.sampler.seed == 3 and spec.storage is None
     names = [p.name for p in spec.search_space]
-    assert names == ["credit.history", "credit.min_value_group", "credit.k_sem", "credit.lambda_tr",
+    assert names == ["rollout.history", "credit.min_value_group", "credit.k_sem", "credit.lambda_tr",
                      "credit.lambda_fb", "credit.var_floor"]
     var_floor = spec.search_space[-1]
     assert var_floor.log and var_floor.low == pytest.approx(1e-4)
@@ -153,34 +153,26 @@ def test_two_processes_share_one_study_and_stop_at_n(tmp_path):
 
 
 class ValSuccessModel(BoringModel):
-    """BoringModel that reports a fixed held-out success per validation (what the RL module logs)."""
+    """BoringModel whose validation returns a fixed held-out success per iteration, as ProGPOModule does:
+    ``{"result": EvalResult}`` with the number of iterations done."""
 
-    def __init__(self, values: list[float], use_log: bool = True) -> None:
+    def __init__(self, values: list[float]) -> None:
         super().__init__()
         self.values = values
-        self.use_log = use_log
-        self.iterations_done = 0
-        self.last_eval: dict[str, float] = {}
-
-    def on_train_epoch_start(self) -> None:
-        self.iterations_done += 1  # like ProGPOModule: counts the iteration before its validation runs
 
     def validation_step(self, batch, batch_idx):
-        value = self.values[self.iterations_done - 1]
-        if self.use_log:
-            self.log("val/success", torch.tensor(value), logger=False)
-        else:  # like ProGPOModule: the evaluation is kept on the module, not self.log-ged
-            self.last_eval = {"val/success": value}
+        done = self.current_epoch + 1  # validation runs at the end of the epoch, after its iteration
+        return {"result": EvalResult(iteration=done, metrics={"val/success": self.values[done - 1]}, batch=None)}
 
 
-def _fit(trial: optuna.Trial, values: list[float], logger=False, use_log: bool = True) -> OptunaTrialCallback:
+def _fit(trial: optuna.Trial, values: list[float], logger=False) -> OptunaTrialCallback:
     import lightning as L
 
     callback = OptunaTrialCallback(trial, monitor="val/success")
     trainer = L.Trainer(max_epochs=len(values), limit_train_batches=2, limit_val_batches=1, logger=logger,
                         callbacks=[callback], enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
-    trainer.fit(ValSuccessModel(values, use_log=use_log))
+    trainer.fit(ValSuccessModel(values))
     return callback
 
 
@@ -199,7 +191,7 @@ def test_pruning_callback_links_run_and_prunes(tmp_path):
 
     bad = study.ask()
     with pytest.raises(optuna.TrialPruned, match=r"pruned at iteration 1: val/success=0\.1000"):
-        _fit(bad, [0.1, 0.1, 0.1], use_log=False)
+        _fit(bad, [0.1, 0.1, 0.1])
     study.tell(bad, state=PRUNED)
     assert study.trials[1].intermediate_values == pytest.approx({1: 0.1})
     assert not math.isnan(study.best_value)
@@ -210,7 +202,7 @@ def test_pruning_callback_links_run_and_prunes(tmp_path):
     [
         (["n_trials=0"], "n_trials must be >= 1"),
         (["--", "credit=nonexistent"], "nonexistent"),
-        (["--", "trainer.lr=-1"], "trainer.lr must be > 0"),
+        (["--", "optim.lr=-1"], "optim.lr must be > 0"),
     ],
 )
 def test_cli_rejects_bad_input_before_any_trial(tmp_path, caplog, args, message):

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from toy_env import TEST_SHAPE, TEST_WARM_START, fake_room_suite
 
 from progpo.config import check_component
-from progpo.models.policy import Policy
 from progpo.rollout.engines.hf_engine import HFEngine
+from progpo.types import Policy
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SHARED_ROLLOUT_KEYS = {
@@ -31,7 +31,7 @@ def test_model_configs_match_their_builders(path):
     node = OmegaConf.load(path)
     if path.read_text().startswith("# @package _global_"):  # a model file that also sizes the run
         node = node.model
-    cfg = OmegaConf.create({"model": node, "seed": 0})
+    cfg = OmegaConf.create({"model": node, "seed": 0, "rollout": OmegaConf.load(CONF / "rollout" / "hf.yaml")})
     check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     assert cfg.model.name == path.stem
 

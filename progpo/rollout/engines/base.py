@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 DEFAULT_STOP = ("</action>",)  # the answer format ends with this tag: nothing after it is needed
+# Response budget per step unless rollout.engine.max_new_tokens says otherwise (the one default: engines and the
+# tiny builder take it from here, the model config interpolates the engine's value).
+DEFAULT_MAX_NEW_TOKENS = 32
 
 
 @dataclass
@@ -42,7 +45,9 @@ class Engine(Protocol):
         temperature: float | None = None,
     ) -> Generation: ...
 
-    def sync_weights(self, model: Any) -> None: ...
+    def sync_weights(self, model: Any) -> None:
+        """Make generation use ``model``'s current weights; called once per iteration, after the update."""
+        ...
 
     def close(self) -> None: ...
 

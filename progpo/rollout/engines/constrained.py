@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from transformers import LogitsProcessor
 
-from progpo.models.logprobs import allowed_mask
+from progpo.masks import allowed_mask
 from progpo.rollout.projection import ACTION_CLOSE, ACTION_OPEN
 
 

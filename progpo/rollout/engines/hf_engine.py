@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from progpo.models.policy import Policy
-from progpo.rollout.engines.base import DEFAULT_STOP, Generation, check_sampling
+from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS, DEFAULT_STOP, Generation, check_sampling
 from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_sequences
+from progpo.types import Policy
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class HFEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
-        max_new_tokens: int = 32,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         batch_size: int = 64,
         stop: Sequence[str] = DEFAULT_STOP,
         constrain_to_admissible: bool | None = None,

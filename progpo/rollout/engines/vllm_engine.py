@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from progpo.models.policy import Policy
-from progpo.rollout.engines.base import DEFAULT_STOP, Generation, check_sampling
+from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS, DEFAULT_STOP, Generation, check_sampling
 from progpo.rollout.engines.hf_engine import eos_token_ids
+from progpo.types import Policy
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class VLLMEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
-        max_new_tokens: int = 32,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         gpu_memory_utilization: float = 0.4,
         enforce_eager: bool = True,
         dtype: str = "auto",

@@ -1,4 +1,4 @@
-"""ProGPOModule's scoring pass and update on the tiny policy, outside a Lightning Trainer.
+"""The iteration's scoring pass and PPO update (``progpo.algo``) on the tiny policy, outside a Lightning Trainer.
 
 Scoring shares one pass among identical turns; the update can leave out steps whose advantage is exactly 0.
 Both are shortcuts, so both are checked against the plain computation they replace.
@@ -11,11 +11,12 @@ import copy
 import pytest
 import torch
 
-import progpo.module
-from progpo.config import TrainerConfig
+import progpo.algo.scoring
+from progpo.algo.ppo import ppo_update
+from progpo.algo.scoring import pad_token_id, score_turns
+from progpo.config import PPOConfig
 from progpo.models.logprobs import forward_logprobs
-from progpo.module import ProGPOModule
-from progpo.rollout.collector import Turn
+from progpo.types import Turn
 
 
 def _turns(tokenizer) -> list[Turn]:
@@ -29,25 +30,33 @@ def _turns(tokenizer) -> list[Turn]:
         # constrained rows: the taken token plus two others allowed at each position
         allowed = [sorted({tok, (tok + 1) % vocab, (tok + 7) % vocab}) for tok in response] if k % 2 else None
         turns.append(Turn(traj=k, group=k % 3, t=0, prompt_ids=prompt, response_ids=response,
-                          sample_logprobs=[0.0] * len(response), observation="", obs_id=0, response_text="",
-                          action="", valid=True, reward=0.0, done=True, allowed_token_ids=allowed))
+                          sample_logprobs=[0.0] * len(response), obs_id=0, response_text="",
+                          action="", valid=True, reward=0.0, allowed_token_ids=allowed))
     return turns
 
 
-def _module(policy, **trainer) -> tuple[ProGPOModule, torch.optim.Optimizer]:
-    cfg = TrainerConfig(**{"lr": 1e-3, "minibatch_size": 64, "micro_batch_size": 4, **trainer})
-    module = ProGPOModule(policy, copy.deepcopy(policy.model).eval(), credit=None, trainer_cfg=cfg)
-    # SGD, not the configured AdamW: Adam's per-parameter normalisation turns float round-off in near-zero
-    # gradients into visible steps, and these tests compare two updates parameter by parameter.
-    optimizer = torch.optim.SGD(module.actor.parameters(), lr=0.1)
-    # Outside a Trainer: the two Lightning hooks the manual-optimisation update calls.
-    module.optimizers = lambda: optimizer
-    module.manual_backward = lambda loss: loss.backward()
-    return module, optimizer
+class Update:
+    """The update's inputs for one policy: actor, frozen reference, an SGD optimizer, the PPO settings."""
+
+    def __init__(self, policy, **ppo) -> None:
+        self.actor = policy.model
+        self.reference = copy.deepcopy(policy.model).eval()
+        self.cfg = PPOConfig(**{"minibatch_size": 64, "micro_batch_size": 4, **ppo})
+        self.pad = pad_token_id(policy.tokenizer)
+        # SGD, not the configured AdamW: Adam's per-parameter normalisation turns float round-off in near-zero
+        # gradients into visible steps, and these tests compare two updates parameter by parameter.
+        self.optimizer = torch.optim.SGD(self.actor.parameters(), lr=0.1)
+
+    def score(self, turns):
+        return score_turns(self.actor, self.reference, turns, self.pad, self.cfg.micro_batch_size)
+
+    def update(self, turns, scored, advantages):
+        return ppo_update(self.actor, self.optimizer, lambda loss: loss.backward(), turns, scored, advantages,
+                          self.cfg, self.pad)
 
 
 def test_identical_turns_are_scored_once_with_the_same_numbers_as_alone(tiny_policy, monkeypatch):
-    module, _ = _module(tiny_policy)
+    module = Update(tiny_policy)
     turns = _turns(tiny_policy.tokenizer)
     rows = []
 
@@ -55,13 +64,13 @@ def test_identical_turns_are_scored_once_with_the_same_numbers_as_alone(tiny_pol
         rows.append(input_ids.shape[0])
         return forward_logprobs(model, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(progpo.module, "forward_logprobs", counting)
-    shared = module.score_turns(turns)
+    monkeypatch.setattr(progpo.algo.scoring, "forward_logprobs", counting)
+    shared = module.score(turns)
     monkeypatch.undo()
     # 9 turns, 6 distinct (prompt k%2, response k%3; the constraint goes with the prompt): actor + reference rows
     assert sum(rows) == 2 * 6
     for i, turn in enumerate(turns):
-        alone = module.score_turns([turn])
+        alone = module.score([turn])
         torch.testing.assert_close(shared.old_logprobs[i], alone.old_logprobs[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(shared.ref_logprobs[i], alone.ref_logprobs[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(shared.embeddings[i], alone.embeddings[0], atol=1e-5, rtol=0)
@@ -76,14 +85,14 @@ def test_skipping_zero_advantage_steps_equals_updating_on_the_others_alone(tiny_
     advantages = torch.tensor([0.0, 1.0, 0.0, -0.5, 0.0, 0.8, 0.0, 0.0, -1.2])
     keep = [i for i in range(len(turns)) if advantages[i] != 0]
 
-    skipping, _ = _module(copy.deepcopy(tiny_policy), skip_zero_advantage=True)
-    scored = skipping.score_turns(turns)
-    metrics = skipping._ppo_update(turns, scored, advantages)
+    skipping = Update(copy.deepcopy(tiny_policy), skip_zero_advantage=True)
+    scored = skipping.score(turns)
+    metrics = skipping.update(turns, scored, advantages)
     assert metrics["train/steps_updated"] == len(keep)
 
-    subset, _ = _module(copy.deepcopy(tiny_policy), skip_zero_advantage=False)
+    subset = Update(copy.deepcopy(tiny_policy), skip_zero_advantage=False)
     sub_turns = [turns[i] for i in keep]
-    subset._ppo_update(sub_turns, subset.score_turns(sub_turns), advantages[keep])
+    subset.update(sub_turns, subset.score(sub_turns), advantages[keep])
     after_skip, after_subset = _params(skipping), _params(subset)
     for name in after_skip:
         torch.testing.assert_close(after_skip[name], after_subset[name], atol=1e-6, rtol=0)
@@ -91,10 +100,10 @@ def test_skipping_zero_advantage_steps_equals_updating_on_the_others_alone(tiny_
 
 @pytest.mark.parametrize("skip", [True, False])
 def test_all_zero_advantages_update_only_when_not_skipped(tiny_policy, skip):
-    module, _ = _module(tiny_policy, skip_zero_advantage=skip, entropy_coef=0.01)
+    module = Update(tiny_policy, skip_zero_advantage=skip, entropy_coef=0.01)
     turns = _turns(tiny_policy.tokenizer)
     before = _params(module)
-    metrics = module._ppo_update(turns, module.score_turns(turns), torch.zeros(len(turns)))
+    metrics = module.update(turns, module.score(turns), torch.zeros(len(turns)))
     after = _params(module)
     moved = any(not torch.equal(before[k], after[k]) for k in before)
     assert moved is (not skip)  # only the entropy bonus can move it, and only when those steps are kept

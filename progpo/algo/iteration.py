@@ -1,0 +1,135 @@
+"""One RL iteration, top to bottom: collect -> score -> credit -> update -> push weights -> metrics.
+
+This is the file to read to know what training does. ``RLIteration.run`` takes the tasks of one iteration (the
+DataModule samples them from (seed, iteration) only) and returns a typed :class:`IterationResult`; Lightning
+(``progpo.lit``) only supplies the optimizer, the backward and the loop around it, and callbacks receive the
+result as the step's outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from progpo.algo.metrics import iteration_metrics, sampler_mismatch
+from progpo.algo.ppo import ppo_update
+from progpo.algo.scoring import score_turns
+from progpo.config import PPOConfig
+from progpo.credit import CreditResult, StepBatch
+from progpo.types import RolloutBatch, Turn
+
+
+@dataclass(frozen=True)
+class IterationTasks:
+    """What the DataModule yields: the tasks to play, and how many iterations are done before this batch."""
+
+    iterations_done: int
+    tasks: list[Any]  # envs.base.Task
+
+
+@dataclass
+class IterationResult:
+    """One training iteration's outcome; ``iteration`` counts iterations done including this one."""
+
+    iteration: int
+    metrics: dict[str, float]
+    batch: RolloutBatch
+    credit: CreditResult
+
+
+@dataclass
+class EvalResult:
+    """One held-out evaluation; ``iteration`` is the number of iterations done when it ran."""
+
+    iteration: int
+    metrics: dict[str, float]
+    batch: RolloutBatch
+
+
+def step_batch(turns: list[Turn], embeddings: torch.Tensor | None) -> StepBatch:
+    """The credit estimators' view of a batch (``docs/credit.md``, "Input")."""
+    return StepBatch(
+        group=torch.tensor([t.group for t in turns], dtype=torch.long),
+        traj=torch.tensor([t.traj for t in turns], dtype=torch.long),
+        t=torch.tensor([t.t for t in turns], dtype=torch.long),
+        obs=torch.tensor([t.obs_id for t in turns], dtype=torch.long),
+        reward=torch.tensor([t.reward for t in turns], dtype=torch.float64),
+        embedding=embeddings.detach().to("cpu", torch.float32) if embeddings is not None else None,
+    )
+
+
+class RLIteration:
+    """Everything one iteration touches, and the iteration itself.
+
+    Args:
+        collector: plays tasks with the engine (``progpo.rollout.collector.RolloutCollector``).
+        engine: the generation backend the collector drives; it receives the actor's weights after every update.
+        credit: the credit estimator (``StepBatch -> CreditResult``), a Hydra component.
+        actor: the trained policy model.
+        reference: the frozen KL anchor, or None (``ppo.kl_coef = 0``).
+        ppo: the update's settings.
+        pad_token_id: padding id of the scoring and update batches.
+        group_size: rollouts per task (N).
+        eval_temperature: held-out sampling temperature; 0 = greedy.
+        seed: the run's seed (minibatch order, held-out sampling stream).
+    """
+
+    def __init__(self, collector, engine, credit, actor: torch.nn.Module, reference: torch.nn.Module | None,
+                 ppo: PPOConfig, pad_token_id: int, group_size: int, eval_temperature: float, seed: int) -> None:
+        self.collector = collector
+        self.engine = engine
+        self.credit = credit
+        self.actor = actor
+        self.reference = reference
+        self.ppo = ppo
+        self.pad_token_id = pad_token_id
+        self.group_size = group_size
+        self.eval_temperature = float(eval_temperature)
+        self.seed = seed
+
+    def run(self, tasks: IterationTasks, optimizer, backward) -> IterationResult:
+        """One iteration; ``optimizer`` and ``backward`` come from the trainer (Lightning's manual optimisation)."""
+        # 1. Collect: B tasks x N rollouts with the weights the engine holds (synced at the end of the last one).
+        batch = self.collector.collect(tasks.tasks, self.group_size)
+        # 2. Score with the same weights: old and reference log-probs, state embeddings.
+        started = time.perf_counter()
+        scored = score_turns(self.actor, self.reference, batch.turns, self.pad_token_id, self.ppo.micro_batch_size)
+        score_s = time.perf_counter() - started
+        # 3. Credit: one advantage per step.
+        started = time.perf_counter()
+        credit = self.credit(step_batch(batch.turns, scored.embeddings))
+        credit_s = time.perf_counter() - started
+        advantages = credit.advantage.to(torch.float32)
+        # 4. Update: PPO epochs of clipped-surrogate minibatches.
+        started = time.perf_counter()
+        update = ppo_update(self.actor, optimizer, backward, batch.turns, scored, advantages, self.ppo,
+                            self.pad_token_id, seed=self.seed, iteration=tasks.iterations_done)
+        update_s = time.perf_counter() - started
+        # 5. Push the new weights to the engine, so the next collection samples from them (no-op for HF).
+        started = time.perf_counter()
+        self.engine.sync_weights(self.actor)
+        sync_s = time.perf_counter() - started
+        # 6. Metrics.
+        metrics = iteration_metrics(
+            batch, credit, advantages, update, sampler_mismatch(batch.turns, scored.old_logprobs),
+            {"score": score_s, "credit": credit_s, "update": update_s, "sync": sync_s},
+        )
+        return IterationResult(tasks.iterations_done + 1, metrics, batch, credit)
+
+    def evaluate(self, tasks: IterationTasks) -> EvalResult:
+        """One episode per held-out task: greedy (``eval_temperature=0``) or sampled at that temperature.
+
+        Sampling uses its own seeded RNG stream, so every evaluation of a run draws the same random numbers
+        (start and end are compared like for like) and evaluating never shifts the training stream.
+        """
+        greedy = self.eval_temperature == 0
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed)
+            batch = self.collector.collect(tasks.tasks, 1, greedy=greedy,
+                                           temperature=None if greedy else self.eval_temperature)
+        metrics = {**batch.metrics("val"), "perf/val_rollout_s": batch.rollout_seconds}
+        return EvalResult(tasks.iterations_done, metrics, batch)

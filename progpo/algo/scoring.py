@@ -1,0 +1,109 @@
+"""Score one iteration's turns with the weights that sampled them: old log-probs, reference log-probs, and the
+last-prompt-token hidden state (the semantic embedding the credit estimators group states by).
+
+One no-grad pass of the actor and one of the reference per micro-batch. Identical turns are scored once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from progpo.models.logprobs import TokenBatch, forward_logprobs, pad_prompt_response
+from progpo.types import Turn
+
+
+@dataclass
+class ScoredTurns:
+    """Per-turn tensors of one iteration, in the order of ``RolloutBatch.turns``."""
+
+    old_logprobs: list[torch.Tensor]  # each [len(response)]
+    ref_logprobs: list[torch.Tensor] | None  # None when there is no reference (ppo.kl_coef = 0)
+    embeddings: torch.Tensor  # [n, d]
+
+
+def micro_batches(
+    turns: list[Turn], indices: list[int], size: int, pad_token_id: int, device: torch.device
+) -> Iterator[tuple[list[int], TokenBatch]]:
+    """``indices`` in chunks of ``size``, each as one right-padded prompt+response batch."""
+    for start in range(0, len(indices), size):
+        idx = indices[start : start + size]
+        tokens = pad_prompt_response(
+            [turns[i].prompt_ids for i in idx], [turns[i].response_ids for i in idx], pad_token_id, device=device
+        )
+        yield idx, tokens
+
+
+def allowed_ids(turns: list[Turn], idx: list[int]) -> list[list[list[int]] | None] | None:
+    """Per-position allowed ids of constrained turns (log-probs of the policy that acted); None if all free."""
+    rows = [turns[i].allowed_token_ids for i in idx]
+    return rows if any(r is not None for r in rows) else None
+
+
+def sequence_length(turn: Turn) -> int:
+    return len(turn.prompt_ids) + len(turn.response_ids)
+
+
+def first_of_each(turns: list[Turn]) -> list[int]:
+    """For every turn, the index of the first turn with the same prompt, response and allowed ids."""
+    first: dict[tuple, int] = {}
+    out = []
+    for i, t in enumerate(turns):
+        allowed = tuple(map(tuple, t.allowed_token_ids)) if t.allowed_token_ids is not None else None
+        out.append(first.setdefault((tuple(t.prompt_ids), tuple(t.response_ids), allowed), i))
+    return out
+
+
+@torch.no_grad()
+def score_turns(
+    actor: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    turns: list[Turn],
+    pad_token_id: int,
+    micro_batch_size: int,
+) -> ScoredTurns:
+    """Old and reference log-probs of every response token, and the last-prompt-token embedding.
+
+    Identical turns (same prompt, response and allowed ids: the N rollouts' shared first step, or a policy
+    going round a loop, which with a K-step history shows the same prompt again) are scored once and shared.
+    Rows are scored shortest first, so a micro-batch pads little.
+    """
+    device = next(actor.parameters()).device
+    representative = first_of_each(turns)
+    order = sorted(set(representative), key=lambda i: sequence_length(turns[i]))
+    old: list[torch.Tensor | None] = [None] * len(turns)
+    ref: list[torch.Tensor | None] = [None] * len(turns)
+    embeddings: list[torch.Tensor | None] = [None] * len(turns)
+    was_training = actor.training
+    actor.eval()
+    try:
+        for idx, tokens in micro_batches(turns, order, micro_batch_size, pad_token_id, device):
+            allowed = allowed_ids(turns, idx)
+            args = (tokens.input_ids, tokens.attention_mask, tokens.response_mask)
+            out = forward_logprobs(actor, *args, return_last_prompt_hidden=True, allowed=allowed)
+            ref_out = forward_logprobs(reference, *args, allowed=allowed) if reference is not None else None
+            mask = tokens.response_mask.bool()
+            for row, i in enumerate(idx):
+                old[i] = out.token_logprobs[row][mask[row]].float()
+                if ref_out is not None:
+                    ref[i] = ref_out.token_logprobs[row][mask[row]].float()
+                embeddings[i] = out.last_prompt_hidden[row].float()
+    finally:
+        actor.train(was_training)
+    for i, rep in enumerate(representative):
+        old[i], ref[i], embeddings[i] = old[rep], ref[rep], embeddings[rep]
+    return ScoredTurns(
+        old_logprobs=old,  # type: ignore[arg-type]
+        ref_logprobs=ref if reference is not None else None,  # type: ignore[arg-type]
+        embeddings=torch.stack(embeddings),  # type: ignore[arg-type]
+    )
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id that pads scoring batches: the tokenizer's pad token, else its eos token."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token; set one in the model builder")
+    return int(pad)

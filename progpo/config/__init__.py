@@ -1,0 +1,25 @@
+"""The run's configuration: typed groups (``groups.py``) and the start-up validation (``validate.py``)."""
+
+from progpo.config.groups import (
+    ConfigError,
+    EvalConfig,
+    PPOConfig,
+    RolloutConfig,
+    RunConfig,
+    ScheduleConfig,
+    TrainerConfig,
+)
+from progpo.config.validate import check_component, check_credit, validate_config
+
+__all__ = [
+    "ConfigError",
+    "EvalConfig",
+    "PPOConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "TrainerConfig",
+    "check_component",
+    "check_credit",
+    "validate_config",
+]

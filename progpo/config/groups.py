@@ -1,0 +1,149 @@
+"""Typed config groups: one dataclass per concept, one name per setting (``conf/<group>/*.yaml``).
+
+``trainer`` holds only what ``lightning.Trainer`` takes; the RL algorithm's settings live in ``ppo``,
+held-out evaluation in ``eval``, the iteration schedule in ``schedule`` and the optimiser in ``optim`` (a
+``_target_`` component, like lightning-hydra-template's). Each ``check`` raises :class:`ConfigError` naming the
+key and the allowed range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, of the wrong type or out of range. The message names the key and the fix."""
+
+
+def require(ok: bool, key: str, allowed: str, value: Any) -> None:
+    """Raise :class:`ConfigError` for ``key`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{key} must be {allowed}, got {value!r}. Fix it on the command line, e.g. {key}=...")
+
+
+PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed")
+
+
+@dataclass
+class TrainerConfig:
+    """``lightning.Trainer`` keyword arguments (``conf/trainer/*.yaml``), passed through unchanged."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1  # an int, a list of device ids or "auto"
+    num_nodes: int = 1
+    strategy: Any = "auto"  # any Lightning strategy name ("ddp", "fsdp", ...) or object
+    precision: str = "32-true"
+
+    def check(self) -> None:
+        require(self.accelerator in ("cpu", "gpu", "cuda", "auto"), "trainer.accelerator",
+                "one of cpu, gpu, cuda, auto", self.accelerator)
+        if isinstance(self.devices, int):
+            require(self.devices >= 1, "trainer.devices", ">= 1, a list of ids or auto", self.devices)
+        require(self.num_nodes >= 1, "trainer.num_nodes", ">= 1", self.num_nodes)
+        require(self.precision in PRECISIONS, "trainer.precision", f"one of {', '.join(PRECISIONS)}", self.precision)
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self.accelerator in ("gpu", "cuda")
+
+
+@dataclass
+class PPOConfig:
+    """The clipped-surrogate update of one iteration (``conf/ppo/*.yaml``).
+
+    epochs: passes over the rollout batch. minibatch_size: steps per optimizer step. micro_batch_size: steps per
+    forward/backward (gradient accumulation inside a minibatch; also the scoring batch). clip_ratio: PPO clip.
+    kl_coef: weight of the low-variance KL to the frozen reference (0: no reference is built). entropy_coef:
+    entropy bonus. max_grad_norm: gradient clipping. skip_zero_advantage: leave steps whose advantage is exactly
+    0 out of the update (they carry no policy gradient; KL and entropy then act on the updated steps only).
+    """
+
+    epochs: int = 1
+    minibatch_size: int = 256
+    micro_batch_size: int = 32
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.01
+    entropy_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    skip_zero_advantage: bool = False
+
+    def check(self) -> None:
+        require(self.epochs >= 1, "ppo.epochs", ">= 1", self.epochs)
+        require(self.minibatch_size >= 1, "ppo.minibatch_size", ">= 1", self.minibatch_size)
+        require(self.micro_batch_size >= 1, "ppo.micro_batch_size", ">= 1", self.micro_batch_size)
+        require(self.clip_ratio > 0, "ppo.clip_ratio", "> 0", self.clip_ratio)
+        require(self.kl_coef >= 0, "ppo.kl_coef", ">= 0", self.kl_coef)
+        require(self.entropy_coef >= 0, "ppo.entropy_coef", ">= 0", self.entropy_coef)
+        require(self.max_grad_norm > 0, "ppo.max_grad_norm", "> 0", self.max_grad_norm)
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation (``conf/eval/*.yaml``): one episode per ``env`` held-out task.
+
+    every: evaluate every N iterations (and always at the start and the end). temperature: sampling temperature
+    of the held-out episodes; 0 = greedy.
+    """
+
+    every: int = 5
+    temperature: float = 0.4
+
+    def check(self) -> None:
+        require(self.every >= 1, "eval.every", ">= 1", self.every)
+        require(self.temperature >= 0, "eval.temperature", ">= 0 (0 = greedy)", self.temperature)
+
+
+@dataclass
+class ScheduleConfig:
+    """How long a run is and what it writes on the way (``conf/schedule/*.yaml``).
+
+    max_iterations: RL iterations (one rollout batch and its update each). ckpt_every: a periodic
+    ``iter-XXXX.ckpt`` every N iterations (``last.ckpt`` is written after every iteration).
+    log_trajectories_every: sampled trajectories to the logger every N iterations (0 = never).
+    """
+
+    max_iterations: int = 30
+    ckpt_every: int = 5
+    log_trajectories_every: int = 10
+
+    def check(self) -> None:
+        require(self.max_iterations >= 1, "schedule.max_iterations", ">= 1", self.max_iterations)
+        require(self.ckpt_every >= 1, "schedule.ckpt_every", ">= 1", self.ckpt_every)
+        require(self.log_trajectories_every >= 0, "schedule.log_trajectories_every", ">= 0",
+                self.log_trajectories_every)
+
+
+@dataclass
+class RolloutConfig:
+    """How rollout batches are collected (``conf/rollout/*.yaml``); ``engine`` is a ``_target_`` component."""
+
+    engine: dict[str, Any] = field(default_factory=dict)
+    tasks_per_batch: int = 4
+    group_size: int = 8
+    history: int = 2
+    num_workers: int = 2
+    step_timeout: float = 60.0
+    max_prompt_tokens: int | None = None
+
+    def check(self) -> None:
+        require(self.tasks_per_batch >= 1, "rollout.tasks_per_batch", ">= 1", self.tasks_per_batch)
+        require(self.group_size >= 1, "rollout.group_size", ">= 1", self.group_size)
+        require(self.history >= 0, "rollout.history", ">= 0", self.history)
+        require(self.num_workers >= 0, "rollout.num_workers", ">= 0 (0 = in-process envs)", self.num_workers)
+        require(self.step_timeout > 0, "rollout.step_timeout", "> 0 seconds", self.step_timeout)
+        if self.max_prompt_tokens is not None:
+            require(self.max_prompt_tokens >= 16, "rollout.max_prompt_tokens", ">= 16 or null",
+                    self.max_prompt_tokens)
+
+
+@dataclass
+class RunConfig:
+    """The typed parts of a validated config, handed to the builders."""
+
+    trainer: TrainerConfig
+    ppo: PPOConfig
+    eval: EvalConfig
+    schedule: ScheduleConfig
+    rollout: RolloutConfig
+    torch_threads: int | None = None

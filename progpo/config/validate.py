@@ -1,0 +1,143 @@
+"""Start-up validation of the composed Hydra config.
+
+Every run goes through :func:`validate_config` before any model or environment is built, so that a typo or an
+out-of-range value fails in a second with a message naming the key and the allowed range, not twenty minutes
+into a run. Plain groups (``trainer``, ``ppo``, ``eval``, ``schedule``, ``rollout``) are typed dataclasses;
+``_target_`` components (``credit``, ``env``, ``model``, ``rollout.engine``, ``optim``, ``logger``) are checked
+against the signature of their target, and the credit estimator is constructed (it is cheap and pure) so that its
+own range checks run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from progpo.config.groups import (
+    ConfigError,
+    EvalConfig,
+    PPOConfig,
+    RolloutConfig,
+    RunConfig,
+    ScheduleConfig,
+    TrainerConfig,
+    require,
+)
+
+TOP_LEVEL_KEYS = {
+    "env", "model", "credit", "rollout", "optim", "ppo", "eval", "schedule", "trainer", "logger", "seed",
+    "objective", "resume", "ckpt_path", "run_name", "run_dir", "ablation", "torch_threads",
+}
+TYPED_GROUPS = {"trainer": TrainerConfig, "ppo": PPOConfig, "eval": EvalConfig, "schedule": ScheduleConfig,
+                "rollout": RolloutConfig}
+
+# Ranges shared by keys that several ``_target_`` components use, checked before the component is built.
+_COMMON_RANGES: dict[str, tuple[Any, str]] = {
+    "max_steps": (lambda v: v >= 1, ">= 1"),
+    "n_train": (lambda v: v >= 1, ">= 1"),
+    "n_eval": (lambda v: v >= 1, ">= 1"),
+    "invalid_penalty": (lambda v: v >= 0, ">= 0"),
+    "temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "max_new_tokens": (lambda v: v >= 1, ">= 1"),
+    "lr": (lambda v: v > 0, "> 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+}
+
+
+def _typed_group(cfg: DictConfig, name: str, schema: type) -> Any:
+    node = cfg.get(name)
+    if node is None:
+        raise ConfigError(f"config group '{name}' is missing; choose one with {name}=<option>")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+    except ConfigKeyError as err:
+        bad = getattr(err, "key", None) or _first_quoted(str(err))
+        allowed = ", ".join(f.name for f in fields(schema))
+        raise ConfigError(f"unknown key {name}.{bad}; allowed keys of '{name}': {allowed}") from None
+    except ValidationError as err:
+        bad = getattr(err, "key", None) or _first_quoted(str(err))
+        raise ConfigError(f"{name}.{bad} has the wrong type: {err.msg}") from None
+    obj = OmegaConf.to_object(merged)
+    obj.check()
+    return obj
+
+
+def _first_quoted(text: str) -> str:
+    match = re.search(r"'([^']+)'", text)
+    return match.group(1) if match else "?"
+
+
+def _target_params(target: str, key: str) -> tuple[Any, inspect.Signature]:
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+    except Exception as err:  # hydra wraps import errors in its own types
+        raise ConfigError(f"{key}._target_={target!r} cannot be imported: {err}") from None
+    return obj, inspect.signature(obj)
+
+
+def check_component(node: DictConfig | dict | None, key: str, runtime_kwargs: tuple[str, ...] = ()) -> None:
+    """Check a ``_target_`` node: every key must be a parameter of the target; common ranges hold."""
+    if node is None:
+        raise ConfigError(f"{key} is missing; choose one with {key}=<option>")
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    target = data.get("_target_")
+    if not target:
+        raise ConfigError(f"{key} has no _target_; it must name the class or function that builds it")
+    _, sig = _target_params(target, key)
+    params = sig.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for name, value in data.items():
+        if name.startswith("_") and name.endswith("_"):
+            continue
+        if not takes_any and name not in params:
+            allowed = ", ".join(p for p in params if p not in runtime_kwargs)
+            raise ConfigError(f"unknown key {key}.{name} for {target}; allowed keys: {allowed}")
+        if name in _COMMON_RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
+            predicate, allowed_range = _COMMON_RANGES[name]
+            require(predicate(value), f"{key}.{name}", allowed_range, value)
+
+
+def check_credit(node: DictConfig) -> None:
+    """Construct the credit estimator: its constructor raises ``ValueError`` naming the parameter."""
+    from hydra.utils import instantiate
+
+    check_component(node, "credit")
+    try:
+        instantiate(node)
+    except Exception as err:  # instantiate wraps the constructor's ValueError
+        cause = err.__cause__ or err
+        message = str(cause)
+        match = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)", message)
+        name = match.group(1) if match and match.group(1) in node else None
+        where = f"credit.{name}" if name else "credit"
+        raise ConfigError(f"invalid {where}: {message}") from None
+
+
+def validate_config(cfg: DictConfig) -> RunConfig:
+    """Validate the whole composed config; raise :class:`ConfigError` on the first problem."""
+    unknown = sorted(set(cfg.keys()) - TOP_LEVEL_KEYS - {"hydra"})
+    if unknown:
+        raise ConfigError(
+            f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}"
+        )
+    if not isinstance(cfg.get("seed"), int) or cfg.seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {cfg.get('seed')!r}")
+    threads = cfg.get("torch_threads")
+    if threads is not None:
+        require(isinstance(threads, int) and threads >= 1, "torch_threads", "an integer >= 1 or null", threads)
+    typed = {name: _typed_group(cfg, name, schema) for name, schema in TYPED_GROUPS.items()}
+    check_credit(cfg.credit)
+    check_component(cfg.env, "env")
+    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
+    check_component(cfg.rollout.engine, "rollout.engine", runtime_kwargs=("policy",))
+    check_component(cfg.optim, "optim", runtime_kwargs=("params",))
+    check_component(cfg.logger, "logger", runtime_kwargs=("cfg",))
+    return RunConfig(**typed, torch_threads=threads)

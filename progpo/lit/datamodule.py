@@ -1,0 +1,76 @@
+"""RolloutDataModule: the tasks of each RL iteration, and the held-out set for validation.
+
+Data is not a fixed dataset here: every iteration plays new tasks with the *current* policy, so the loaders are
+one-item iterables that hand over the tasks when Lightning asks for the batch, and the iteration itself
+(``progpo.algo.iteration``) collects the rollouts. The DataModule counts the iterations it has handed out and
+keeps that count in the checkpoint, so a resumed run plays exactly the tasks an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning as L
+import numpy as np
+from torch.utils.data import DataLoader, IterableDataset
+
+from envs.base import EnvSuite, Task
+from progpo.algo.iteration import IterationTasks
+
+
+class _OnDemand(IterableDataset):
+    """An iterable of exactly one item, produced when iterated (so it sees the latest state)."""
+
+    def __init__(self, produce: Callable[[], IterationTasks]) -> None:
+        self.produce = produce
+
+    def __iter__(self) -> Iterator[IterationTasks]:
+        yield self.produce()
+
+
+def sample_tasks(tasks: list[Task], n: int, seed: int, iteration: int) -> list[Task]:
+    """Tasks of one iteration: a function of (seed, iteration) only, so a resumed run samples the same tasks."""
+    if not tasks:
+        raise ValueError("the environment has no training tasks; check env.n_train / env.data_dir")
+    rng = np.random.default_rng([seed, iteration])
+    replace = n > len(tasks)
+    idx = rng.choice(len(tasks), size=n, replace=replace)
+    return [tasks[i] for i in idx]
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """``tasks_per_batch`` training tasks per iteration (index = iterations handed out so far), all held-out
+    tasks for validation."""
+
+    def __init__(self, suite: EnvSuite, tasks_per_batch: int, seed: int) -> None:
+        super().__init__()
+        self.suite = suite
+        self.tasks_per_batch = tasks_per_batch
+        self.seed = seed
+        self.iterations_done = 0
+
+    def train_batch(self) -> IterationTasks:
+        index = self.iterations_done
+        tasks = sample_tasks(self.suite.train_tasks, self.tasks_per_batch, self.seed, index)
+        self.iterations_done += 1
+        return IterationTasks(iterations_done=index, tasks=tasks)
+
+    def eval_batch(self) -> IterationTasks:
+        return IterationTasks(iterations_done=self.iterations_done, tasks=list(self.suite.eval_tasks))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_OnDemand(self.train_batch), batch_size=None, num_workers=0, collate_fn=_identity)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(_OnDemand(self.eval_batch), batch_size=None, num_workers=0, collate_fn=_identity)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iterations_done": self.iterations_done}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.iterations_done = int(state_dict["iterations_done"])
+
+
+def _identity(x):
+    return x

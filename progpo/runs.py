@@ -1,0 +1,108 @@
+"""A run's identity and its folder: name, run directory, the checkpoint to resume, the saved config.
+
+One helper per concept, shared by ``train``, ``sweep`` and the tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from progpo.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+_RESUME_KEYS = ("resume", "ckpt_path")
+
+
+def default_run_name(cfg: DictConfig) -> str:
+    """<credit>-<env>-<model>-seed<seed>, from the config alone (works with Hydra's compose API too)."""
+    credit = str(cfg.credit._target_).rsplit(".", 1)[-1].lower()
+    env = str(cfg.env._target_).split(".")[1] if str(cfg.env._target_).count(".") >= 2 else "env"
+    model = str(cfg.model.get("name", "model"))
+    return f"{credit}-{env}-{model}-seed{cfg.seed}"
+
+
+def resolve_run_dir(cfg: DictConfig) -> Path:
+    """``run_dir`` if set, else Hydra's output dir when running under Hydra, else ``outputs/runs/<run_name>``."""
+    if cfg.get("run_dir"):
+        return Path(cfg.run_dir)
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path("outputs") / "runs" / (cfg.get("run_name") or default_run_name(cfg))
+
+
+def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """``ckpt_path`` wins; ``resume=true`` takes ``<run_dir>/checkpoints/last.ckpt`` when it exists."""
+    if cfg.get("ckpt_path"):
+        path = Path(cfg.ckpt_path)
+        if not path.is_file():
+            raise ConfigError(f"ckpt_path={path} does not exist; give an existing .ckpt file or drop ckpt_path")
+        return path
+    if cfg.get("resume"):
+        path = run_dir / "checkpoints" / "last.ckpt"
+        if path.is_file():
+            return path
+        log.warning("resume=true but %s does not exist: starting a new run", path)
+    return None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint on the CPU, memory-mapped; a truncated or corrupt file fails naming it."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:  # torch raises EOFError, RuntimeError, UnpicklingError... for a bad file
+        raise ConfigError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); it is empty or corrupt. Point "
+            f"ckpt_path at an intact one (e.g. a periodic iter-XXXX.ckpt beside it) or drop resume=true"
+        ) from None
+
+
+def stored_run_id(ckpt: Path | None) -> str | None:
+    """The logger run id a checkpoint was written under (a resumed run continues that run)."""
+    if ckpt is None:
+        return None
+    return read_checkpoint(ckpt).get("progpo", {}).get("logger_run_id")
+
+
+def save_or_compare_config(cfg: DictConfig, path: Path, resuming: bool) -> None:
+    """A new run writes its resolved config; a resumed run keeps it and reports any difference."""
+    current = OmegaConf.to_container(cfg, resolve=True)
+    if resuming and path.is_file():
+        saved = _flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+        now = _flatten(current)
+        diff = sorted(k for k in set(saved) | set(now)
+                      if k.split(".")[0] not in _RESUME_KEYS and saved.get(k) != now.get(k))
+        if diff:
+            log.warning("resumed with a config that differs from the checkpointed run in: %s", ", ".join(diff))
+        else:
+            log.info("resumed with the same config as the checkpointed run")
+        return
+    OmegaConf.save(OmegaConf.create(current), path)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def quiet_lightning() -> None:
+    """Lightning's start-up chatter (GPU/TPU availability, tips) and known-harmless warnings hide our own logs."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning", "lightning.pytorch.utilities.rank_zero",
+                 "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in (".*LeafSpec.*", ".*transfer_batch_to_device.*", ".*weights_only.*", ".*in eval mode.*",
+                    ".*does not have many workers.*", ".*IterableDataset.*"):
+        warnings.filterwarnings("ignore", message=pattern)

@@ -1,0 +1,97 @@
+"""The data every layer passes around: a policy, one agent turn, one episode, one rollout batch.
+
+A leaf module (it imports nothing of ours), so that ``models/``, ``rollout/``, ``warmstart/`` and ``algo/`` can
+all depend on it without depending on each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Policy:
+    """A causal LM and its tokenizer, as built by a ``conf/model/*.yaml`` component.
+
+    ``source`` is where the weights can be loaded from again (a local folder or a hub id): vLLM starts
+    from it and then receives the actor's current weights through ``Engine.sync_weights``.
+    """
+
+    model: Any  # transformers PreTrainedModel (or a peft model wrapping one)
+    tokenizer: Any  # transformers tokenizer with a chat template, left padding and a pad token
+    name: str
+    max_context: int  # longest prompt + response, in tokens, the policy is used with
+    source: str
+    prompt_style: str = "paper"  # progpo.rollout.prompt.PROMPT_STYLES key the policy was trained with
+    constrain_to_admissible: bool = False  # decode only admissible commands (engines follow this unless told)
+
+
+@dataclass
+class Turn:
+    """One agent step: what the model saw and said, and what the env answered."""
+
+    traj: int
+    group: int
+    t: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    sample_logprobs: list[float]  # the engine's log-prob of each response token when it sampled it
+    obs_id: int  # id of the observation the agent acted on (the credit estimators' state)
+    response_text: str
+    action: str
+    valid: bool
+    reward: float
+    prompt_truncated: bool = False
+    # Constrained decoding: the token ids allowed at each response position (None: decoded freely).
+    allowed_token_ids: list[list[int]] | None = None
+
+
+@dataclass
+class Episode:
+    """Outcome of one trajectory. ``error`` is set when an env worker fault ended it (``train/env_errors``)."""
+
+    traj: int
+    group: int
+    task: Any  # envs.base.Task
+    won: bool
+    length: int
+    n_invalid: int
+    error: str | None = None
+
+
+@dataclass
+class RolloutBatch:
+    """One batch of rollouts: every turn, every episode, plus throughput numbers."""
+
+    turns: list[Turn]
+    episodes: list[Episode]
+    rollout_seconds: float
+    generated_tokens: int
+    env_steps: int
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """Success overall and per task type, episode length, invalid-action rate, env faults."""
+        return episode_metrics(self.episodes, prefix)
+
+
+def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
+    """``<prefix>/success`` (and per task type), ``episode_length``, ``invalid_rate``, ``env_errors``."""
+    if not episodes:
+        return {}
+    won = np.array([e.won for e in episodes], dtype=np.float64)
+    lengths = np.array([e.length for e in episodes], dtype=np.float64)
+    invalid = np.array([e.n_invalid for e in episodes], dtype=np.float64)
+    out = {
+        f"{prefix}/success": float(won.mean()),
+        f"{prefix}/episode_length": float(lengths.mean()),
+        f"{prefix}/invalid_rate": float(invalid.sum() / max(lengths.sum(), 1.0)),
+        f"{prefix}/env_errors": float(sum(e.error is not None for e in episodes)),
+    }
+    for task_type in sorted({e.task.task_type for e in episodes}):
+        mask = np.array([e.task.task_type == task_type for e in episodes])
+        out[f"{prefix}/success/{task_type}"] = float(won[mask].mean())
+    return out

@@ -1,0 +1,118 @@
+"""Expert demonstrations on the training tasks, with action noise so that they also show the way back.
+
+``action_noise`` executes a random admissible action on some steps (the label stays the expert's) so that the
+demos also visit off-expert states; ``invalid_noise`` executes a stale command, the state a sampling policy most
+often gets itself into.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from envs.base import EnvSuite
+from progpo.rollout.projection import find_admissible
+from progpo.warmstart.config import WarmStartConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DemoStep:
+    """One labelled state: what the policy saw, and the expert's action there."""
+
+    task_description: str
+    observation: str
+    admissible: tuple[str, ...]
+    past: tuple[tuple[str, str], ...]  # (observation, executed action) pairs of the episode so far
+    expert_action: str
+    episode: int = 0
+
+
+@dataclass
+class DemoStats:
+    episodes: int = 0
+    steps: int = 0  # labelled steps kept
+    noisy_steps: int = 0
+    invalid_steps: int = 0
+    won: int = 0
+    skipped_inadmissible: int = 0  # expert actions not in the admissible list (not used as labels)
+
+
+def _canonical(action: str, admissible: Sequence[str]) -> str | None:
+    """The admissible command equal to ``action`` up to case/whitespace; ``action`` itself if none is listed."""
+    return find_admissible(action, admissible) if admissible else action
+
+
+def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep], DemoStats]:
+    """Run the env's expert (``ExpertEnv.expert_action``) on training tasks, with action noise."""
+    if not suite.train_tasks:
+        raise ValueError(f"suite {suite.name!r} has no train_tasks to collect expert demos from")
+    rng = random.Random(cfg.seed)
+    max_steps = cfg.max_episode_steps or suite.max_steps
+    demos: list[DemoStep] = []
+    stats = DemoStats()
+    env = suite.env_factory()
+    try:
+        if not callable(getattr(env, "expert_action", None)):
+            raise TypeError(f"{type(env).__name__} has no expert_action(): the warm start needs an ExpertEnv")
+        for episode in tqdm(range(cfg.n_episodes), desc="expert demos", leave=False, mininterval=5):
+            task = suite.train_tasks[episode % len(suite.train_tasks)]
+            obs = env.reset(task)
+            past: list[tuple[str, str]] = []
+            seen: dict[str, None] = {}  # commands admissible earlier in the episode (ordered, no duplicates)
+            for _ in range(max_steps):
+                expert = env.expert_action()
+                if expert is None:
+                    break
+                label = _canonical(expert, obs.admissible_actions)
+                if label is None:
+                    stats.skipped_inadmissible += 1
+                    label = expert
+                else:
+                    demos.append(
+                        DemoStep(
+                            obs.task_description,
+                            obs.text,
+                            tuple(obs.admissible_actions),
+                            tuple(past),
+                            label,
+                            episode,
+                        )
+                    )
+                action = label
+                admissible = set(obs.admissible_actions)
+                stale = [a for a in seen if a not in admissible]
+                others = [a for a in obs.admissible_actions if a != label]
+                draw = rng.random()
+                if stale and draw < cfg.invalid_noise:
+                    action = rng.choice(stale)
+                    stats.invalid_steps += 1
+                elif others and draw < cfg.invalid_noise + cfg.action_noise:
+                    action = rng.choice(others)
+                    stats.noisy_steps += 1
+                seen.update(dict.fromkeys(obs.admissible_actions))
+                past.append((obs.text, action))
+                obs, _reward, done, info = env.step(action)
+                if done:
+                    stats.won += int(info.won)
+                    break
+            stats.episodes += 1
+    finally:
+        env.close()
+    stats.steps = len(demos)
+    if stats.skipped_inadmissible:
+        log.warning(
+            "%d expert actions were not in the admissible list; not used as labels",
+            stats.skipped_inadmissible,
+        )
+    return demos, stats
+
+
+def response_text(action: str) -> str:
+    """The reasoning-free answer the warm start teaches: ``<action>...</action>``."""
+    return f"<action>{action}</action>"

@@ -1,0 +1,144 @@
+"""``model=tiny``: build (or load from the cache) a few-million-parameter policy warm-started on expert demos.
+
+Fast enough to run the whole RL loop on two CPU cores. Built from scratch in three steps: expert demos on the
+training tasks, a byte-level BPE tokenizer trained on their prompts, and a supervised warm start on the same
+demos. The result is cached by content (parameters + env identity) and loaded from the cache folder, which is
+also what vLLM starts from.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from envs.base import EnvSuite, tasks_fingerprint
+from progpo.models.cache import cached_build
+from progpo.models.tiny import check_reload, count_parameters, load_tiny, tiny_qwen2, train_tokenizer
+from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS
+from progpo.rollout.prompt import PROMPT_STYLES, PromptBuilder
+from progpo.types import Policy
+from progpo.warmstart.config import WarmStartConfig
+from progpo.warmstart.demos import DemoStep, collect_demos, response_text
+from progpo.warmstart.sft import supervised_finetune
+
+log = logging.getLogger(__name__)
+
+BUILD_VERSION = 4  # bump when the build procedure changes, so old cache entries are not re-used
+MIN_TOKENIZER_EPISODES = 16  # demos gathered for the tokenizer corpus even without a warm start
+
+
+def _corpus(demos: list[DemoStep], history: int, prompt_style: str = "compact") -> list[str]:
+    """The tokenizer's training text: every demo's prompt (as RL renders it) and its answer."""
+    render = PROMPT_STYLES[prompt_style]
+    texts = []
+    for d in demos:
+        pairs = list(d.past[-history:]) if history > 0 else []
+        texts.append(render(d.task_description, d.observation, d.admissible, pairs, len(d.past)))
+        texts.append(response_text(d.expert_action))
+    return texts
+
+
+def build_tiny(
+    suite: EnvSuite,
+    device: str = "cpu",
+    name: str = "tiny",
+    vocab_size: int = 4096,
+    hidden_size: int = 256,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 688,
+    max_context: int = 2048,
+    history: int = 2,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    seed: int = 0,
+    warm_start: Mapping[str, Any] | WarmStartConfig | None = None,
+    prompt_style: str = "compact",
+    constrain_to_admissible: bool = True,
+) -> Policy:
+    """Build (or load from the cache) the tiny policy for ``suite``.
+
+    Args:
+        suite: the environment suite; its ``train_tasks`` and expert provide the tokenizer corpus and demos.
+        device: where the returned model lives (the warm start also runs there).
+        vocab_size: BPE vocabulary target (fewer if the corpus has fewer merges).
+        hidden_size, num_layers, num_heads, intermediate_size: Qwen2 shape (tied embeddings).
+        max_context: longest prompt + response the policy is used with.
+        history, max_new_tokens: must match the rollout (K pairs, response budget), so the warm start
+            sees prompts exactly as RL builds them.
+        seed: model initialisation seed.
+        warm_start: ``WarmStartConfig`` fields (``n_episodes``, ``epochs``, ``lr``, ``batch_size``,
+            ``max_steps``, ``max_episode_steps``, ``action_noise``, ``invalid_noise``, ``seed``).
+        prompt_style: ``compact`` (default: no instruction boilerplate, ~half the tokens) or ``paper``;
+            RL uses the style the model was warm-started with.
+        constrain_to_admissible: the rollout engine decodes only admissible commands for this model
+            (a model this small, trained from scratch, learns which command to pick faster than how to spell
+            every command of every room); ``rollout.engine.constrain_to_admissible`` overrides it.
+    """
+    ws = warm_start if isinstance(warm_start, WarmStartConfig) else WarmStartConfig(**dict(warm_start or {}))
+    if max_new_tokens >= max_context:
+        raise ValueError(f"max_new_tokens ({max_new_tokens}) must be < model.max_context ({max_context})")
+    demo_episodes = max(ws.n_episodes, MIN_TOKENIZER_EPISODES)
+    used_tasks = suite.train_tasks[: min(demo_episodes, len(suite.train_tasks))]
+    shape = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                 intermediate_size=intermediate_size, max_context=max_context)
+    params = {
+        "build_version": BUILD_VERSION,
+        "shape": shape,
+        "history": history,
+        "max_new_tokens": max_new_tokens,
+        "prompt_style": prompt_style,
+        "seed": seed,
+        "warm_start": vars(ws),
+        "env": {"name": suite.name, "train_tasks": tasks_fingerprint(used_tasks), "max_steps": suite.max_steps},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+    def build(out: Path) -> dict[str, Any]:
+        started = time.perf_counter()
+        demos, stats = collect_demos(suite, WarmStartConfig(**{**vars(ws), "n_episodes": demo_episodes}))
+        demos_for_sft = [d for d in demos if d.episode < ws.n_episodes]  # the rest only feed the tokenizer
+        demo_seconds = time.perf_counter() - started
+        corpus = _corpus(demos, history, prompt_style)
+        tokenizer = train_tokenizer(corpus, vocab_size, max_context)
+        model = tiny_qwen2(tokenizer, hidden_size, num_layers, num_heads, intermediate_size, max_context, seed,
+                           device)
+        builder = PromptBuilder(
+            tokenizer, history=history, max_prompt_tokens=max_context - max_new_tokens, style=prompt_style
+        )
+        model.config.save_pretrained(out)  # the model type decides which tokenizer class AutoTokenizer picks
+        tokenizer.save_pretrained(out)
+        sample = corpus[:: max(1, len(corpus) // 200)]
+        if demos:
+            d = demos[-1]
+            sample.append(builder.build(d.task_description, d.observation, d.admissible, d.past).text)
+        check_reload(tokenizer, out, sample)
+        sft = supervised_finetune(model, tokenizer, builder, demos_for_sft, ws)
+        model.to("cpu").save_pretrained(out)
+        summary = {
+            "parameters": count_parameters(model),
+            "vocab_size": len(tokenizer),
+            "demo_episodes": stats.episodes,
+            "demo_steps": stats.steps,
+            "sft_episodes": ws.n_episodes,
+            "sft_demo_steps": len(demos_for_sft),
+            "demo_noisy_steps": stats.noisy_steps,
+            "demo_invalid_steps": stats.invalid_steps,
+            "demo_won": stats.won,
+            "demo_seconds": demo_seconds,
+            "build_seconds": time.perf_counter() - started,
+            **sft,
+        }
+        log.info("tiny model built: %s", summary)
+        return summary
+
+    folder = cached_build("tiny", params, build)
+    policy = load_tiny(folder, device=device, name=name, max_context=max_context)
+    policy.prompt_style = prompt_style
+    policy.constrain_to_admissible = constrain_to_admissible
+    return policy

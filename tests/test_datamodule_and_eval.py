@@ -1,0 +1,83 @@
+"""Task sampling per iteration (RolloutDataModule) and how the held-out set is evaluated (RLIteration.evaluate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from envs.base import Task
+from progpo.algo.iteration import IterationTasks, RLIteration
+from progpo.config import PPOConfig
+from progpo.lit.datamodule import RolloutDataModule, sample_tasks
+from progpo.types import RolloutBatch
+
+
+class RecordingCollector:
+    """Records how it is called and draws from torch's RNG the way sampled generation does."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def collect(self, tasks, group_size, greedy=False, temperature=None):
+        draw = torch.rand(3)
+        self.calls.append(dict(n=len(tasks), group_size=group_size, greedy=greedy, temperature=temperature,
+                               draw=draw))
+        return RolloutBatch(turns=[], episodes=[], rollout_seconds=float(draw.sum()), generated_tokens=0,
+                            env_steps=0)
+
+
+class Suite:
+    train_tasks = [Task(task_id=f"t{i}", task_type="a") for i in range(10)]
+    eval_tasks = train_tasks[:4]
+
+
+def _evaluator(collector, seed: int, temperature: float) -> RLIteration:
+    return RLIteration(collector, engine=None, credit=None, actor=None, reference=None, ppo=PPOConfig(),
+                       pad_token_id=0, group_size=3, eval_temperature=temperature, seed=seed)
+
+
+def test_sampled_evaluation_is_seeded_and_leaves_the_training_rng_alone():
+    collector = RecordingCollector()
+    rl = _evaluator(collector, seed=7, temperature=0.4)
+    held_out = RolloutDataModule(Suite(), 2, seed=7).eval_batch()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first, second = rl.evaluate(held_out), rl.evaluate(held_out)
+    # every evaluation draws the same numbers: start vs end like for like
+    assert torch.equal(collector.calls[0]["draw"], collector.calls[1]["draw"])
+    assert first.metrics["perf/val_rollout_s"] == second.metrics["perf/val_rollout_s"]
+    assert torch.equal(torch.get_rng_state(), before)  # evaluation does not shift the training stream
+    call = collector.calls[0]
+    assert (call["n"], call["group_size"], call["greedy"], call["temperature"]) == (4, 1, False, 0.4)
+    other = RecordingCollector()
+    _evaluator(other, seed=8, temperature=0.4).evaluate(held_out)
+    assert not torch.equal(collector.calls[0]["draw"], other.calls[0]["draw"])
+
+
+def test_zero_eval_temperature_is_greedy():
+    collector = RecordingCollector()
+    _evaluator(collector, seed=0, temperature=0.0).evaluate(IterationTasks(0, Suite.eval_tasks))
+    assert collector.calls[0]["greedy"] is True and collector.calls[0]["temperature"] is None
+
+
+def test_train_tasks_depend_on_seed_and_iteration_only():
+    tasks = Suite.train_tasks
+    assert sample_tasks(tasks, 4, 0, 3) == sample_tasks(tasks, 4, 0, 3)
+    assert sample_tasks(tasks, 4, 0, 3) != sample_tasks(tasks, 4, 0, 4)
+    assert len(sample_tasks(tasks, 12, 0, 0)) == 12  # more than available: drawn with replacement
+    with pytest.raises(ValueError, match="no training tasks"):
+        sample_tasks([], 1, 0, 0)
+
+
+def test_the_datamodule_counts_iterations_and_a_restored_one_continues_the_task_stream():
+    straight = RolloutDataModule(Suite(), 3, seed=5)
+    stream = [straight.train_batch() for _ in range(4)]
+    assert [b.iterations_done for b in stream] == [0, 1, 2, 3]
+    assert all(b.tasks == sample_tasks(Suite.train_tasks, 3, 5, i) for i, b in enumerate(stream))
+    assert straight.eval_batch().iterations_done == 4 and straight.eval_batch().tasks == Suite.eval_tasks
+    # a checkpoint written after iteration 2 (two batches handed out) resumes at iteration index 2
+    interrupted = RolloutDataModule(Suite(), 3, seed=5)
+    interrupted.train_batch(), interrupted.train_batch()
+    resumed = RolloutDataModule(Suite(), 3, seed=5)
+    resumed.load_state_dict(interrupted.state_dict())
+    assert [resumed.train_batch().tasks for _ in range(2)] == [b.tasks for b in stream[2:]]
