@@ -6,7 +6,9 @@ benchmark is one adapter module plus one YAML file under ``conf/env/``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 SUCCESS_REWARD = 10.0  # paper setup: 10 on the winning step, 0 otherwise
@@ -74,6 +76,11 @@ class EnvSuite:
     eval_fingerprint: str
     max_steps: int
     task_types: tuple[str, ...]
+
+
+def cache_root() -> Path:
+    """Where generated games, catalogues and built models are cached: ``$PROGPO_CACHE_DIR`` or ``~/.cache/progpo``."""
+    return Path(os.environ.get("PROGPO_CACHE_DIR") or Path.home() / ".cache" / "progpo")
 
 
 def obs_id(text: str) -> int:

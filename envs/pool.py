@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import numbers
-import os
 import pickle
 import signal
 import time
@@ -397,8 +396,3 @@ class EnvPool:
             except Exception as exc:  # noqa: BLE001 - same contract as a worker: the episode ends
                 out[idx] = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         return out
-
-
-def default_num_workers() -> int:
-    """One worker per CPU core, minus one for the trainer when there are several."""
-    return max(1, (os.cpu_count() or 1) - 1)

@@ -134,6 +134,30 @@ def bench_credit(args: argparse.Namespace) -> None:
         out.flush()
 
 
+def bench_knn(args: argparse.Namespace) -> None:
+    """ProGPO with the exact torch search against faiss, same batches, one run: the ratio decides ``auto``."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    out = sys.stdout
+    out.write(f"ProGPO semantic search on {device}, torch threads {torch.get_num_threads()}, "
+              f"load average {os.getloadavg()[0]:.2f}\n")
+    header = f"{'scope':<7}{'dim':>6}{'scale':>6}{'steps':>8}{'torch ms':>10}{'faiss ms':>10}{'faiss/torch':>13}\n"
+    out.write(header + "-" * (len(header) - 1) + "\n")
+    for scope in ("group", "batch"):
+        for dim in args.dims:
+            for scale in args.scales:
+                batch = synthetic_batch(n_tasks=16 * scale, dim=dim, seed=args.seed, device=device)
+                repeats = max(3, args.repeats // scale)
+                ms = {}
+                for backend in ("torch", "faiss"):
+                    est = ProGPO(knn_backend=backend, sem_scope=scope)
+                    ms[backend], _ = _timings_ms(lambda est=est, batch=batch: est(batch), repeats, device)
+                out.write(f"{scope:<7}{dim:>6}{scale:>5}x{batch.n:>8}{ms['torch']:>10.2f}{ms['faiss']:>10.2f}"
+                          f"{ms['faiss'] / ms['torch']:>13.2f}\n")
+                out.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m progpo.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     credit.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     credit.add_argument("--seed", type=int, default=0)
     credit.set_defaults(run=bench_credit)
+    knn = sub.add_parser("knn", help="ProGPO's semantic search: exact torch against faiss, as a ratio")
+    knn.add_argument("--device", default="cpu")
+    knn.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    knn.add_argument("--dims", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1536])
+    knn.add_argument("--repeats", type=int, default=20)
+    knn.add_argument("--threads", type=int, default=0)
+    knn.add_argument("--seed", type=int, default=0)
+    knn.set_defaults(run=bench_knn)
     args = parser.parse_args(argv)
     args.run(args)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs.alfworld.generate import TASK_LABELS
 from progpo.credit.result import DIAGNOSTIC_STATS
 from progpo.tracking.mlflow_logger import KIND_TAG
 
@@ -38,14 +39,6 @@ ABLATION_ORDER = ("plain", "semantic", "fusion", "full")
 # The paper's colours (Figure 4): ProGPO red, HGPO orange, GiGPO green, GRPO blue.
 METHOD_COLOURS = {"progpo": "tab:red", "hgpo": "tab:orange", "gigpo": "tab:green", "grpo": "tab:blue"}
 ABLATION_COLOURS = {"plain": "tab:gray", "semantic": "tab:purple", "fusion": "tab:cyan", "full": "tab:red"}
-TASK_SHORT = {
-    "pick_and_place_simple": "Pick",
-    "pick_clean_then_place_in_recep": "Clean",
-    "pick_cool_then_place_in_recep": "Cool",
-    "look_at_obj_in_light": "Look",
-    "pick_heat_then_place_in_recep": "Heat",
-    "pick_two_obj_and_place": "Pick2",
-}
 CREDIT_KEYS = DIAGNOSTIC_STATS
 CURVE_KEYS = ("train/success", "val/success", *(f"credit/{k}" for k in CREDIT_KEYS))
 EMA_DECAY = 0.95
@@ -164,9 +157,9 @@ def _task_columns(records: Iterable[RunRecord], prefix: str) -> list[tuple[str, 
     """(column title, metric key) for per-task success, the overall success and any score metric."""
     keys = {k for r in records for k in r.final}
     types = sorted(k[len(prefix) + len("success/") :] for k in keys if k.startswith(f"{prefix}success/"))
-    order = list(TASK_SHORT)
+    order = list(TASK_LABELS)
     types.sort(key=lambda t: (order.index(t) if t in order else len(order), t))
-    columns = [(TASK_SHORT.get(t, t), f"{prefix}success/{t}") for t in types]
+    columns = [(TASK_LABELS.get(t, t), f"{prefix}success/{t}") for t in types]
     columns.append(("All", f"{prefix}success"))
     columns += [(k[len(prefix) :], k) for k in sorted(keys) if k.startswith(prefix) and "score" in k]
     return columns

@@ -36,6 +36,15 @@ TASK_TYPES: tuple[str, ...] = (
     "pick_cool_then_place_in_recep",
     "pick_two_obj_and_place",
 )
+# The paper's column titles for the task types (Table 1), in its column order.
+TASK_LABELS: dict[str, str] = {
+    "pick_and_place_simple": "Pick",
+    "pick_clean_then_place_in_recep": "Clean",
+    "pick_cool_then_place_in_recep": "Cool",
+    "look_at_obj_in_light": "Look",
+    "pick_heat_then_place_in_recep": "Heat",
+    "pick_two_obj_and_place": "Pick2",
+}
 
 # Which object classes each receptacle class may hold: ALFWorld's ``constants.VAL_RECEPTACLE_OBJECTS`` restricted
 # to the classes used here. Frozen in this file so that a given seed always writes the same games.

@@ -20,7 +20,7 @@ from typing import Any
 from envs.alfworld.env import AlfWorldEnvFactory
 from envs.alfworld.games import EVAL_SELECTION_SEED, find_games, select
 from envs.alfworld.generate import GENERATOR_VERSION, TASK_TYPES, SceneParams, generate
-from envs.base import EnvSuite, tasks_fingerprint
+from envs.base import EnvSuite, cache_root, tasks_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,7 @@ def generator_params(
 
 def default_games_dir(params: dict) -> Path:
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    cache = os.environ.get("PROGPO_CACHE_DIR") or Path("~/.cache/progpo").expanduser()
-    return Path(cache, "alfworld_games", digest)
+    return cache_root() / "alfworld_games" / digest
 
 
 def ensure_generated(

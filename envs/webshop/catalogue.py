@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.base import cache_root
 from envs.webshop.reward import normalize_color, price_upper_for
 
 log = logging.getLogger(__name__)
@@ -353,8 +354,7 @@ def generate_products(n_products: int, seed: int) -> list[dict[str, Any]]:
 
 def cache_dir() -> Path:
     """``$PROGPO_CACHE_DIR/webshop`` if set, else ``~/.cache/progpo/webshop``."""
-    root = os.environ.get("PROGPO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "progpo")
-    return Path(root) / "webshop"
+    return cache_root() / "webshop"
 
 
 @functools.lru_cache(maxsize=4)

@@ -137,6 +137,11 @@ class RolloutConfig:
                     self.max_prompt_tokens)
 
 
+# The plain (non-``_target_``) groups of the run config and their schemas.
+TYPED_GROUPS: dict[str, type] = {"trainer": TrainerConfig, "ppo": PPOConfig, "eval": EvalConfig,
+                                 "schedule": ScheduleConfig, "rollout": RolloutConfig}
+
+
 @dataclass
 class RunConfig:
     """The typed parts of a validated config, handed to the builders."""

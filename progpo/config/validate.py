@@ -18,23 +18,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from progpo.config.groups import (
-    ConfigError,
-    EvalConfig,
-    PPOConfig,
-    RolloutConfig,
-    RunConfig,
-    ScheduleConfig,
-    TrainerConfig,
-    require,
-)
+from progpo.config.groups import TYPED_GROUPS, ConfigError, RunConfig, require
 
 TOP_LEVEL_KEYS = {
     "env", "model", "credit", "rollout", "optim", "ppo", "eval", "schedule", "trainer", "logger", "seed",
     "objective", "resume", "ckpt_path", "run_name", "run_dir", "ablation", "torch_threads",
 }
-TYPED_GROUPS = {"trainer": TrainerConfig, "ppo": PPOConfig, "eval": EvalConfig, "schedule": ScheduleConfig,
-                "rollout": RolloutConfig}
+
 
 # Ranges shared by keys that several ``_target_`` components use, checked before the component is built.
 _COMMON_RANGES: dict[str, tuple[Any, str]] = {

@@ -20,8 +20,10 @@ not depend on the batch's input order.
   candidates are recomputed exactly and re-ranked with the tie rule, so both backends return the same
   neighbours up to near-ties at float32 resolution.
 
-``knn_backend="auto"`` picks ``TorchKNN``: on the paper-scale CPU benchmark it is about 4x faster than
-faiss for ``sem_scope="group"`` and on par for ``"batch"``, and it is exact.
+``knn_backend="auto"`` (``AutoKNN``) picks per search, by measurement (``python -m progpo.bench knn``, 2-core
+CPU): ``TorchKNN`` for block-restricted searches (``sem_scope="group"``: 1.4-7x faster than faiss) and for small
+unrestricted ones; ``FaissKNN`` for an unrestricted search over ``FAISS_MIN_STATES`` states or more
+(``sem_scope="batch"`` at 4-8x the paper's batch: 1.4-3x faster than torch).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Protocol
 import torch
 
 __all__ = [
+    "AutoKNN",
     "FaissKNN",
     "KNNBackend",
     "Neighbours",
@@ -309,9 +312,36 @@ class FaissKNN:
         return Neighbours(index=index, sim=sim)
 
 
+FAISS_MIN_STATES = 2048  # crossover measured between 1,390 (torch 1.5x faster) and 2,797 states (faiss 1.35x)
+
+
+class AutoKNN:
+    """``TorchKNN`` or ``FaissKNN``, whichever the benchmark found faster for this search (module docstring)."""
+
+    name = "auto"
+
+    def __init__(self) -> None:
+        self.exact = TorchKNN()
+        self._faiss: FaissKNN | None = None
+
+    def pick(self, n_states: int, blocks: torch.Tensor | None) -> KNNBackend:
+        if blocks is None and n_states >= FAISS_MIN_STATES:
+            if self._faiss is None:
+                self._faiss = FaissKNN()
+            return self._faiss
+        return self.exact
+
+    def search(
+        self, vectors: Vectors, queries: torch.Tensor, k: int, blocks: torch.Tensor | None = None
+    ) -> Neighbours:
+        return self.pick(vectors.n, blocks).search(vectors, queries, k, blocks)
+
+
 def make_knn(backend: str) -> KNNBackend:
-    """``"torch"``, ``"faiss"`` or ``"auto"`` (torch: exact and fastest for the blockwise search here)."""
-    if backend in ("torch", "auto"):
+    """``"torch"`` (exact), ``"faiss"`` or ``"auto"`` (the faster of the two for each search)."""
+    if backend == "auto":
+        return AutoKNN()
+    if backend == "torch":
         return TorchKNN()
     if backend == "faiss":
         return FaissKNN()

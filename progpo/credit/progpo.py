@@ -52,7 +52,8 @@ class ProGPO:
         eps: stabiliser of Eq. 4 and the "nonzero" threshold of Eq. 11 and the diagnostics (default 1e-6).
         sem_scope: ``"group"`` (neighbours from the same task group) or ``"batch"`` (any other state).
         fusion: ``"inverse_variance"`` (Eq. 8) or ``"single"`` (deepest eligible depth only).
-        knn_backend: ``"auto"`` (exact torch search), ``"torch"`` or ``"faiss"`` (see ``knn``).
+        knn_backend: ``"auto"`` (the faster per search: torch within groups, faiss over a large batch), ``"torch"``
+            (exact) or ``"faiss"`` (see ``knn``).
 
     Stats (fractions of the batch's steps, paper Table 2): ``peer_zero`` (not c), ``transition_active``
     (``|A_trans| > eps``), ``transition_only`` (not c and ``|A_trans| > eps``), ``still_zero``

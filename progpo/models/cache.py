@@ -19,14 +19,11 @@ from typing import Any
 
 from filelock import FileLock
 
+from envs.base import cache_root
+
 log = logging.getLogger(__name__)
 
 COMPLETE = "progpo-build.json"  # written last inside a build folder: its presence marks a finished build
-
-
-def cache_root() -> Path:
-    """``$PROGPO_CACHE_DIR`` or ``~/.cache/progpo``."""
-    return Path(os.environ.get("PROGPO_CACHE_DIR") or Path.home() / ".cache" / "progpo")
 
 
 def build_key(params: dict[str, Any]) -> str:

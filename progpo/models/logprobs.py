@@ -137,32 +137,8 @@ def forward_logprobs(
             ``Turn.allowed_token_ids``) or None for a free row: log-probs and entropy are then those of the
             distribution renormalised over the allowed ids, i.e. of the policy that actually acted.
     """
-    if (
-        input_ids.dim() != 2
-        or attention_mask.shape != input_ids.shape
-        or response_mask.shape != input_ids.shape
-    ):
-        raise ValueError(
-            "input_ids, attention_mask and response_mask must all be [B, L]; got "
-            f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(response_mask.shape)}"
-        )
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if bool(response_mask[:, 0].any()):
-        raise ValueError(
-            "response_mask[:, 0] is set: a response token needs at least one prompt token before it"
-        )
-
-    decoder = model.get_decoder()
-    if bool((attention_mask.cumprod(dim=1) == attention_mask).all()):
-        # Right padding: under a causal mask no real token attends to a later pad, so the padding mask
-        # changes nothing at real positions; leaving it out lets SDPA use its plain causal kernel.
-        hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
-    else:  # e.g. left padding: positions must count real tokens only
-        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        hidden = decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+    _check_batch(input_ids, attention_mask, response_mask, temperature)
+    hidden = _final_hidden(model, input_ids, attention_mask)
     batch, length = input_ids.shape
     predicts = response_mask[:, 1:].bool()  # hidden state at t-1 predicts the token at t
     h = hidden[:, :-1][predicts]
@@ -192,16 +168,45 @@ def forward_logprobs(
         out = hidden.new_zeros((batch, length - 1), dtype=torch.float32).masked_scatter(predicts, flat)
         return F.pad(out, (1, 0))
 
-    last_hidden = None
-    if return_last_prompt_hidden:
-        prompt_mask = attention_mask.bool() & ~response_mask.bool()
-        if not bool(prompt_mask.any(dim=1).all()):
-            raise ValueError("every row needs at least one prompt token to return last_prompt_hidden")
-        positions = torch.arange(length, device=input_ids.device)
-        last = (prompt_mask.long() * positions).argmax(dim=1)
-        last_hidden = hidden[torch.arange(batch, device=input_ids.device), last].detach()
+    last_hidden = _last_prompt_hidden(hidden, attention_mask, response_mask) if return_last_prompt_hidden else None
     return LogProbOutput(
         token_logprobs=scatter(logps),
         entropy=scatter(entropies) if return_entropy else None,
         last_prompt_hidden=last_hidden,
     )
+
+
+def _check_batch(input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, temperature: float) -> None:
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape or response_mask.shape != input_ids.shape:
+        raise ValueError(
+            "input_ids, attention_mask and response_mask must all be [B, L]; got "
+            f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(response_mask.shape)}"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if bool(response_mask[:, 0].any()):
+        raise ValueError("response_mask[:, 0] is set: a response token needs at least one prompt token before it")
+
+
+def _final_hidden(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, L, d] final-layer hidden states of the decoder (no LM head)."""
+    decoder = model.get_decoder()
+    if bool((attention_mask.cumprod(dim=1) == attention_mask).all()):
+        # Right padding: under a causal mask no real token attends to a later pad, so the padding mask
+        # changes nothing at real positions; leaving it out lets SDPA use its plain causal kernel.
+        return decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    # e.g. left padding: positions must count real tokens only
+    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    return decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+
+
+def _last_prompt_hidden(hidden: Tensor, attention_mask: Tensor, response_mask: Tensor) -> Tensor:
+    """[B, d] hidden state of each row's last prompt token (detached): the semantic state embedding."""
+    prompt_mask = attention_mask.bool() & ~response_mask.bool()
+    if not bool(prompt_mask.any(dim=1).all()):
+        raise ValueError("every row needs at least one prompt token to return last_prompt_hidden")
+    positions = torch.arange(hidden.shape[1], device=hidden.device)
+    last = (prompt_mask.long() * positions).argmax(dim=1)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last].detach()

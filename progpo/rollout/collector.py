@@ -65,94 +65,89 @@ class RolloutCollector:
         """
         start = time.perf_counter()
         env_tasks = [task for task in tasks for _ in range(group_size)]
-        num_envs = len(env_tasks)
-        pool = self._pool(num_envs)
-        observations: list[Observation] = list(pool.reset(env_tasks))
-        history: list[list[tuple[str, str]]] = [[] for _ in range(num_envs)]
-        turns: list[Turn] = []
-        steps = np.zeros(num_envs, dtype=np.int64)
-        invalid = np.zeros(num_envs, dtype=np.int64)
-        won = np.zeros(num_envs, dtype=bool)
-        errors: list[str | None] = [None] * num_envs
-        active = list(range(num_envs))
-        generated_tokens = 0
-        env_steps = 0
-
-        while active:
-            prompts = [
-                self.prompt_builder.build(
-                    task_description=observations[i].task_description,
-                    observation=observations[i].text,
-                    admissible=observations[i].admissible_actions,
-                    past=history[i],
-                )
-                for i in active
-            ]
+        pool = self._pool(len(env_tasks))
+        state = _Playing(env_tasks, list(pool.reset(env_tasks)), group_size)
+        generated_tokens = env_steps = 0
+        while state.active:
+            active = list(state.active)
+            prompts = [self._prompt(state, i) for i in active]
             generation = self.engine.generate(
                 [p.ids for p in prompts],
                 greedy=greedy,
-                admissible=[observations[i].admissible_actions for i in active],
+                admissible=[state.observations[i].admissible_actions for i in active],
                 temperature=temperature,
             )
             generated_tokens += generation.n_generated_tokens
             actions = {
-                i: project_action(text, observations[i].admissible_actions).action or ""
+                i: project_action(text, state.observations[i].admissible_actions).action or ""
                 for i, text in zip(active, generation.texts)
             }
             results = pool.step(actions)
             env_steps += len(active)
-            still_active = []
             for k, i in enumerate(active):
-                obs_before = observations[i]
-                next_obs, reward, done, info = results[i]
-                steps[i] += 1
-                if steps[i] >= self.max_steps:
-                    done = True
-                invalid[i] += 0 if info.valid else 1
-                won[i] = won[i] or bool(info.won)
-                if info.extra.get("error"):
-                    errors[i] = str(info.extra["error"])
-                turns.append(
-                    Turn(
-                        traj=i,
-                        group=i // group_size,
-                        t=int(steps[i] - 1),
-                        prompt_ids=list(prompts[k].ids),
-                        response_ids=list(generation.response_ids[k]),
-                        sample_logprobs=list(generation.logprobs[k]),
-                        obs_id=obs_id(obs_before.text),
-                        response_text=generation.texts[k],
-                        action=actions[i],
-                        valid=bool(info.valid),
-                        reward=float(reward),
-                        prompt_truncated=bool(prompts[k].truncated),
-                        allowed_token_ids=(
-                            generation.allowed_token_ids[k] if generation.allowed_token_ids else None
-                        ),
-                    )
-                )
-                history[i].append((obs_before.text, actions[i]))
-                observations[i] = next_obs
-                if not done:
-                    still_active.append(i)
-            active = still_active
-
-        episodes = [
-            Episode(
-                traj=i,
-                group=i // group_size,
-                task=env_tasks[i],
-                won=bool(won[i]),
-                length=int(steps[i]),
-                n_invalid=int(invalid[i]),
-                error=errors[i],
-            )
-            for i in range(num_envs)
-        ]
+                state.record(i, prompts[k], generation, k, actions[i], results[i], self.max_steps)
         return RolloutBatch(
-            turns=turns,
-            episodes=episodes,
+            turns=state.turns,
+            episodes=state.episodes(),
             rollout_seconds=time.perf_counter() - start,
             generated_tokens=generated_tokens,
             env_steps=env_steps,
         )
+
+    def _prompt(self, state: _Playing, i: int):
+        obs = state.observations[i]
+        return self.prompt_builder.build(
+            task_description=obs.task_description, observation=obs.text, admissible=obs.admissible_actions,
+            past=state.history[i],
+        )
+
+
+class _Playing:
+    """Per-env state of one collection: current observation, (observation, action) history, counters, turns."""
+
+    def __init__(self, tasks: list[Task], observations: list[Observation], group_size: int) -> None:
+        n = len(tasks)
+        self.tasks, self.observations, self.group_size = tasks, observations, group_size
+        self.history: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+        self.steps = np.zeros(n, dtype=np.int64)
+        self.invalid = np.zeros(n, dtype=np.int64)
+        self.won = np.zeros(n, dtype=bool)
+        self.errors: list[str | None] = [None] * n
+        self.active: list[int] = list(range(n))
+        self.turns: list[Turn] = []
+
+    def record(self, i: int, prompt, generation, k: int, action: str, result, max_steps: int) -> None:
+        """Env ``i`` took ``action`` (the ``k``-th response of ``generation``): store the turn, advance the env."""
+        next_obs, reward, done, info = result
+        before = self.observations[i]
+        self.steps[i] += 1
+        self.invalid[i] += 0 if info.valid else 1
+        self.won[i] = self.won[i] or bool(info.won)
+        if info.extra.get("error"):
+            self.errors[i] = str(info.extra["error"])
+        self.turns.append(Turn(
+            traj=i,
+            group=i // self.group_size,
+            t=int(self.steps[i] - 1),
+            prompt_ids=list(prompt.ids),
+            response_ids=list(generation.response_ids[k]),
+            sample_logprobs=list(generation.logprobs[k]),
+            obs_id=obs_id(before.text),
+            response_text=generation.texts[k],
+            action=action,
+            valid=bool(info.valid),
+            reward=float(reward),
+            prompt_truncated=bool(prompt.truncated),
+            allowed_token_ids=generation.allowed_token_ids[k] if generation.allowed_token_ids else None,
+        ))
+        self.history[i].append((before.text, action))
+        self.observations[i] = next_obs
+        if done or self.steps[i] >= max_steps:
+            self.active.remove(i)
+
+    def episodes(self) -> list[Episode]:
+        return [
+            Episode(traj=i, group=i // self.group_size, task=task, won=bool(self.won[i]), length=int(self.steps[i]),
+                    n_invalid=int(self.invalid[i]), error=self.errors[i])
+            for i, task in enumerate(self.tasks)
+        ]

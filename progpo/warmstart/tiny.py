@@ -1,4 +1,4 @@
-"""``model=tiny``: build (or load from the cache) a few-million-parameter policy warm-started on expert demos.
+"""``model=tiny``: build (or load from the cache) a 2.6M-parameter policy warm-started on expert demos.
 
 Fast enough to run the whole RL loop on two CPU cores. Built from scratch in three steps: expert demos on the
 training tasks, a byte-level BPE tokenizer trained on their prompts, and a supervised warm start on the same
@@ -100,45 +100,53 @@ def build_tiny(
     }
 
     def build(out: Path) -> dict[str, Any]:
-        started = time.perf_counter()
-        demos, stats = collect_demos(suite, WarmStartConfig(**{**vars(ws), "n_episodes": demo_episodes}))
-        demos_for_sft = [d for d in demos if d.episode < ws.n_episodes]  # the rest only feed the tokenizer
-        demo_seconds = time.perf_counter() - started
-        corpus = _corpus(demos, history, prompt_style)
-        tokenizer = train_tokenizer(corpus, vocab_size, max_context)
-        model = tiny_qwen2(tokenizer, hidden_size, num_layers, num_heads, intermediate_size, max_context, seed,
+        return _build_into(out, suite, ws, shape, demo_episodes, history, max_new_tokens, prompt_style, seed,
                            device)
-        builder = PromptBuilder(
-            tokenizer, history=history, max_prompt_tokens=max_context - max_new_tokens, style=prompt_style
-        )
-        model.config.save_pretrained(out)  # the model type decides which tokenizer class AutoTokenizer picks
-        tokenizer.save_pretrained(out)
-        sample = corpus[:: max(1, len(corpus) // 200)]
-        if demos:
-            d = demos[-1]
-            sample.append(builder.build(d.task_description, d.observation, d.admissible, d.past).text)
-        check_reload(tokenizer, out, sample)
-        sft = supervised_finetune(model, tokenizer, builder, demos_for_sft, ws)
-        model.to("cpu").save_pretrained(out)
-        summary = {
-            "parameters": count_parameters(model),
-            "vocab_size": len(tokenizer),
-            "demo_episodes": stats.episodes,
-            "demo_steps": stats.steps,
-            "sft_episodes": ws.n_episodes,
-            "sft_demo_steps": len(demos_for_sft),
-            "demo_noisy_steps": stats.noisy_steps,
-            "demo_invalid_steps": stats.invalid_steps,
-            "demo_won": stats.won,
-            "demo_seconds": demo_seconds,
-            "build_seconds": time.perf_counter() - started,
-            **sft,
-        }
-        log.info("tiny model built: %s", summary)
-        return summary
 
     folder = cached_build("tiny", params, build)
     policy = load_tiny(folder, device=device, name=name, max_context=max_context)
     policy.prompt_style = prompt_style
     policy.constrain_to_admissible = constrain_to_admissible
     return policy
+
+
+def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str, int], demo_episodes: int,
+                history: int, max_new_tokens: int, prompt_style: str, seed: int, device: str) -> dict[str, Any]:
+    """Demos -> tokenizer -> model -> warm start, saved into ``out``; returns the build summary."""
+    vocab_size, max_context = shape["vocab_size"], shape["max_context"]
+    started = time.perf_counter()
+    demos, stats = collect_demos(suite, WarmStartConfig(**{**vars(ws), "n_episodes": demo_episodes}))
+    demos_for_sft = [d for d in demos if d.episode < ws.n_episodes]  # the rest only feed the tokenizer
+    demo_seconds = time.perf_counter() - started
+    corpus = _corpus(demos, history, prompt_style)
+    tokenizer = train_tokenizer(corpus, vocab_size, max_context)
+    model = tiny_qwen2(tokenizer, shape["hidden_size"], shape["num_layers"], shape["num_heads"],
+                       shape["intermediate_size"], max_context, seed, device)
+    builder = PromptBuilder(
+        tokenizer, history=history, max_prompt_tokens=max_context - max_new_tokens, style=prompt_style
+    )
+    model.config.save_pretrained(out)  # the model type decides which tokenizer class AutoTokenizer picks
+    tokenizer.save_pretrained(out)
+    sample = corpus[:: max(1, len(corpus) // 200)]
+    if demos:
+        d = demos[-1]
+        sample.append(builder.build(d.task_description, d.observation, d.admissible, d.past).text)
+    check_reload(tokenizer, out, sample)
+    sft = supervised_finetune(model, tokenizer, builder, demos_for_sft, ws)
+    model.to("cpu").save_pretrained(out)
+    summary = {
+        "parameters": count_parameters(model),
+        "vocab_size": len(tokenizer),
+        "demo_episodes": stats.episodes,
+        "demo_steps": stats.steps,
+        "sft_episodes": ws.n_episodes,
+        "sft_demo_steps": len(demos_for_sft),
+        "demo_noisy_steps": stats.noisy_steps,
+        "demo_invalid_steps": stats.invalid_steps,
+        "demo_won": stats.won,
+        "demo_seconds": demo_seconds,
+        "build_seconds": time.perf_counter() - started,
+        **sft,
+    }
+    log.info("tiny model built: %s", summary)
+    return summary

@@ -127,3 +127,19 @@ def test_many_blocks_are_chunked():
     finally:
         knn._CHUNK_BYTES = old
     assert as_sets(full) == as_sets(chunked) == brute_force(x, queries, 3, blocks)[0]
+
+
+def test_auto_uses_faiss_only_for_large_unrestricted_searches_and_finds_the_exact_neighbours():
+    from progpo.credit.knn import FAISS_MIN_STATES, AutoKNN, make_knn
+
+    auto = make_knn("auto")
+    assert isinstance(auto, AutoKNN)
+    blocks = torch.zeros(FAISS_MIN_STATES, dtype=torch.long)
+    assert isinstance(auto.pick(FAISS_MIN_STATES, None), FaissKNN)
+    assert isinstance(auto.pick(FAISS_MIN_STATES, blocks), TorchKNN)  # group scope: torch was faster
+    assert isinstance(auto.pick(FAISS_MIN_STATES - 1, None), TorchKNN)  # small batch: torch was faster
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(FAISS_MIN_STATES + 50, 32, generator=gen)
+    queries = torch.randperm(x.shape[0], generator=gen)[:20]
+    expected, _ = brute_force(x, queries, 5)
+    assert as_sets(auto.search(TensorVectors(x), queries, 5)) == expected

@@ -1,0 +1,64 @@
+"""The house's layers: every import of our own code points down, never back up (nor sideways across a room).
+
+Read from every module's source with ``ast`` (function-level imports included), so a late ``import`` inside a
+function cannot hide an arrow running back up.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# package -> the packages of ours it may import (besides itself)
+ALLOWED: dict[str, set[str]] = {
+    "envs": set(),
+    "progpo.types": set(),
+    "progpo.masks": set(),
+    "progpo.loss": set(),
+    "progpo.credit": set(),
+    "progpo.config": set(),
+    "progpo.tracking": set(),
+    "progpo.models": {"progpo.types", "progpo.masks", "envs"},
+    "progpo.rollout": {"progpo.types", "progpo.masks", "envs"},
+    "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "envs"},
+    "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.loss", "progpo.config"},
+    "progpo.lit": {"progpo.algo", "progpo.types", "progpo.config", "progpo.tracking", "progpo.credit", "envs"},
+}
+
+
+def _package(module: str) -> str | None:
+    """The layer a dotted module name belongs to (the longest ALLOWED key it starts with)."""
+    matches = [p for p in ALLOWED if module == p or module.startswith(p + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return {n for n in names if n.split(".")[0] in ("progpo", "envs")}
+
+
+def test_no_import_runs_back_up_a_layer():
+    wrong = []
+    for path in sorted([*(REPO / "progpo").rglob("*.py"), *(REPO / "envs").rglob("*.py")]):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        layer = _package(module)
+        if layer is None:  # entry points (train, sweep, report, bench, ...) may import anything
+            continue
+        for name in _imports(path):
+            target = _package(name) or name
+            if target != layer and target not in ALLOWED[layer]:
+                wrong.append(f"{module} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_map_covers_every_package():
+    packages = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "progpo").rglob("__init__.py")}
+    unmapped = sorted(p for p in packages - {"progpo"} if _package(p) is None)
+    assert not unmapped, f"add these packages to ALLOWED: {unmapped}"
