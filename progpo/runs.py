@@ -104,5 +104,8 @@ def quiet_lightning() -> None:
                  "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)
     for pattern in (".*LeafSpec.*", ".*transfer_batch_to_device.*", ".*weights_only.*", ".*in eval mode.*",
-                    ".*does not have many workers.*", ".*IterableDataset.*"):
+                    ".*does not have many workers.*", ".*IterableDataset.*",
+                    # vLLM initialises torch.distributed (world size 1): Lightning then asks for sync_dist on every
+                    # epoch-level self.log; the values logged there are this process's own.
+                    ".*sync_dist=True.*"):
         warnings.filterwarnings("ignore", message=pattern)
