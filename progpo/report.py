@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.alfworld.generate import TASK_LABELS
+from envs.alfworld.scenes import TASK_LABELS
 from progpo.credit.result import DIAGNOSTIC_STATS
 from progpo.tracking.mlflow_logger import KIND_TAG
 
