@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from progpo.config import validate_config
 from progpo.sweep import SweepSpec, trial_config
@@ -90,3 +90,20 @@ def _has_module(name: str) -> bool:
 def test_joblib_launcher_composes_with_an_experiment():
     _, hydra_node = _compose("experiment=compare_methods", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     assert "JoblibLauncher" in hydra_node.launcher._target_ and hydra_node.launcher.n_jobs == 2
+
+
+@pytest.mark.parametrize(
+    ("experiment", "subdir_choice"),
+    [("compare_methods", "runtime.choices.credit"), ("ablation_transition", "runtime.choices.ablation")],
+)
+def test_experiment_multirun_writes_under_its_own_folder(experiment, subdir_choice):
+    """The experiment file's `hydra.sweep` wins over conf/config.yaml's (config.yaml lists `_self_` first)."""
+    _, hydra_node = _compose(f"experiment={experiment}")
+    sweep_dir = Path(hydra_node.sweep.dir)
+    assert sweep_dir.parent == Path("outputs/multirun") / experiment, sweep_dir
+    assert subdir_choice in OmegaConf.to_container(hydra_node.sweep)["subdir"]
+
+
+def test_plain_multirun_keeps_the_default_folder():
+    _, hydra_node = _compose()
+    assert Path(hydra_node.sweep.dir).parent == Path("outputs/multirun")
