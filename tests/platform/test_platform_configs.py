@@ -78,6 +78,32 @@ def test_trial_config_applies_sampled_values_and_links_the_study(tmp_path):
         trial_config(spec, {"credit.lambda_trr": 0.1}, number=8)
 
 
+def test_trial_is_named_after_method_env_model_seed_and_number(tmp_path):
+    spec = SweepSpec(study_name="s", overrides=("credit=grpo", "env=webshop", "seed=3"), output_dir=str(tmp_path))
+    cfg = trial_config(spec, {}, number=12)
+    assert cfg.run_name == cfg.logger.run_name == "grpo-webshop-tiny-seed3-trial12"
+
+
+def test_command_line_overrides_win_over_the_sweep_file(tmp_path):
+    """`python -m progpo.sweep FILE -- experiment=fast_dev`: the experiment beats the file's trainer settings."""
+    spec = SweepSpec(study_name="s", output_dir=str(tmp_path),
+                     overrides=("credit=progpo", "trainer.max_iterations=30", "trainer.val_every=5",
+                                "trainer.lr=3e-6", "credit.k_sem=7"))
+    file_only = trial_config(spec, {}, number=0)
+    assert (file_only.trainer.max_iterations, file_only.trainer.val_every) == (30, 5)
+
+    cfg = trial_config(spec, {}, number=0, extra=["experiment=fast_dev", "credit.k_sem=2"])
+    validate_config(cfg)
+    assert (cfg.trainer.max_iterations, cfg.trainer.val_every) == (1, 1)  # fast_dev's values
+    assert (cfg.env.n_train, cfg.rollout.tasks_per_batch) == (12, 2)  # the rest of fast_dev
+    assert cfg.credit.k_sem == 2  # a key=value after `--` beats the same key in the file
+    assert cfg.trainer.lr == 3e-6  # keys the command line leaves alone keep the file's value
+    assert cfg.credit._target_ == "progpo.credit.ProGPO"
+
+    sampled = trial_config(spec, {"credit.k_sem": 4}, number=1, extra=["credit.k_sem=2"])
+    assert sampled.credit.k_sem == 4  # the sampled value is applied last
+
+
 def _has_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
