@@ -661,10 +661,10 @@ class TrainerObjective:
         try:
             from mlflow import MlflowClient
 
+            from progpo.tracking import ensure_experiment
+
             client = MlflowClient(uri)
-            experiment = client.get_experiment_by_name(self.spec.experiment_name)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else client.create_experiment(self.spec.experiment_name))
+            experiment_id = ensure_experiment(client, self.spec.experiment_name, uri)
             run = client.create_run(
                 experiment_id,
                 run_name=run_name,

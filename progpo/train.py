@@ -236,8 +236,8 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> tuple[dict[str, flo
     log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
     (run_dir / "summary.md").write_text(table + "\n")
     _plot_curves(module.history, run_dir, logger)
-    if logger is not None and hasattr(logger, "finalize"):
-        logger.finalize("success")
+    if logger is not None and hasattr(logger, "end_run"):
+        logger.end_run("FINISHED")  # only now: Lightning's finalize("success") after each validate/fit does not end it
     return metrics, TrainObjects(module, trainer, datamodule, suite, policy, run_dir)
 
 
