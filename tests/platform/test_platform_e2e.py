@@ -49,6 +49,7 @@ def test_multirun_2x2_then_report(tmp_path):
     for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
         assert run.info.status == "FINISHED"
+        assert run.info.run_name == f"{tags['method']}-webshop-tiny-seed{tags['seed']}"  # readable and distinct
         assert tags["group"] == str(sweep_dir) and tags["env"] == "webshop" and tags["model"] == "tiny"
         assert tags["git_commit"] == head
         assert run.data.params["trainer.max_iterations"] == "1"
@@ -114,6 +115,7 @@ def test_sweep_failure_resume_and_two_processes(tmp_path):
         run = runs[trial.user_attrs["mlflow_run_id"]]
         assert run.data.tags["optuna.study_name"] == "e2e"
         assert run.data.tags["optuna.trial_number"] == str(trial.number)
+        assert run.info.run_name == f"progpo-webshop-tiny-seed0-trial{trial.number}"
         assert run.data.tags["optuna.state"] == trial.state.name
         assert run.info.status == {COMPLETE: "FINISHED", PRUNED: "KILLED", FAIL: "FAILED"}[trial.state]
         if trial.state == COMPLETE:
