@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 KIND_TAG = "progpo.kind"  # "train" for training runs, "report" for the report run of an experiment
-# The MLflow UI shows an experiment as a classic ML experiment (its runs table) rather than a GenAI app when this
-# experiment tag says so (mlflow/server/js: `mlflow.experimentKind`, values genai_development |
-# custom_model_development); MLflow 3.17's UI also keeps a per-browser choice, the `workflowType` URL parameter.
+# The experiment tag by which MLflow's UI tells a classic ML experiment (runs table) from a GenAI app (overview,
+# traces): values genai_development | custom_model_development (mlflow/server/js). MLflow 3.17.2's experiment page
+# does not read it, though: it follows the browser's "GenAI | Model training" switch (default GenAI) or the URL
+# parameter `workflowType=machine_learning` (see scripts/mlflow_ui_screenshot.sh).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 RUN_END_STATUSES = ("FINISHED", "FAILED", "KILLED")
@@ -106,7 +107,7 @@ def ensure_experiment(client: Any, name: str, tracking_uri: str, artifact_locati
     """Id of the named experiment, created if missing (another process may create it at the same moment).
 
     A new experiment gets ``artifact_location`` (default: ``default_artifact_location``) and, like an existing one
-    without it, the tag that makes the MLflow UI show it as a classic ML experiment.
+    without it, the experiment kind tag of a classic ML experiment (``EXPERIMENT_KIND_TAG``).
     """
     from mlflow.exceptions import MlflowException
 
