@@ -257,7 +257,7 @@ SEEDED_WORKER = textwrap.dedent(
 
     storage, n_trials = sys.argv[1], int(sys.argv[2])
     hang_at = int(sys.argv[3]) if len(sys.argv) > 3 else -1
-    spec = spec_from_mapping({"study_name": "seeded", "storage": storage, "n_trials": n_trials, "heartbeat_s": 1,
+    spec = spec_from_mapping({"study_name": "seeded", "storage": storage, "n_trials": n_trials, "heartbeat_s": 2,
                               "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 50},
                               "pruner": {"type": "none"},
                               "search_space": {"credit.lambda_tr": {"type": "float", "low": 0.0, "high": 1.0},
@@ -341,12 +341,12 @@ def test_killed_trial_is_failed_retried_and_does_not_count(tmp_path):
     worker = _worker(tmp_path, storage, 2, "1")  # trial 0 completes, trial 1 hangs
     try:
         _wait_for(tmp_path / "hanging-1", worker)
-        time.sleep(1.5)  # at least one heartbeat recorded
+        time.sleep(2.5)  # at least one heartbeat recorded
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
     run_id = (tmp_path / "hanging-1").read_text()
-    time.sleep(3.5)  # past the grace period (2 x heartbeat_s = 2 s; sqlite's clock has whole seconds)
+    time.sleep(5.5)  # past the grace period (2 x heartbeat_s = 4 s; sqlite's clock has whole seconds)
 
     result = _result(_worker(tmp_path, storage, 2))  # the same n_trials: the killed trial must not count
     study = optuna.load_study(study_name="seeded", storage=storage)
@@ -367,7 +367,7 @@ def test_a_live_workers_running_trial_is_not_failed(tmp_path):
     slow = _worker(tmp_path, storage, 1, "0")  # trial 0 hangs (a long trial) while its worker lives
     try:
         _wait_for(tmp_path / "hanging-0", slow)
-        time.sleep(4.0)  # longer than the grace period: only the heartbeats keep it alive
+        time.sleep(5.0)  # longer than the grace period (4 s): only the heartbeats keep it alive
         result = _result(_worker(tmp_path, storage, 2))
         assert slow.poll() is None
         study = optuna.load_study(study_name="seeded", storage=storage)
