@@ -12,7 +12,9 @@ in the experiment (tag ``progpo.kind=report``; re-running the report overwrites 
   (Figure 5).
 
 Runs are grouped by ``method`` (the credit choice) plus ``[ablation]`` when set, and by ``env``; seeds are the runs
-of a group. Only FINISHED runs count unless ``--all-runs``; ``--group`` keeps the runs of one multirun or study.
+of a group. Only FINISHED runs count unless ``--all-runs``; the report says how many it left out and in which state.
+A RUNNING run whose process is gone (tag ``progpo.process``: same host, that process no longer runs; e.g. killed
+with SIGKILL) is marked KILLED first. ``--group`` keeps the runs of one multirun or study.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import math
 import os
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import Any
 from envs.alfworld.scenes import TASK_LABELS
 from progpo.credit.result import DIAGNOSTIC_STATS
 from progpo.tracking.mlflow_logger import KIND_TAG
+from progpo.tracking.run_info import PROCESS_TAG, process_is_gone
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ class ReportFiles:
     figures: list[Path]
     n_runs: int
     report_run_id: str | None
+    left_out: dict[str, int] = field(default_factory=dict)  # training runs not in the report, by MLflow status
 
 
 def ema(values: Sequence[float], decay: float = EMA_DECAY) -> list[float]:
@@ -102,8 +106,40 @@ def _colour(label: str) -> str | None:
 # ----------------------------------------------------------------------------------------------- loading
 
 
-def load_runs(client: Any, experiment: str, group: str | None = None, all_runs: bool = False) -> list[RunRecord]:
-    """Training runs of ``experiment`` (report runs excluded), with final metrics and curve histories."""
+LEFT_OUT_WHY = {
+    "RUNNING": "still training, or killed on another host",
+    "KILLED": "killed or pruned; a killed run continues with resume=true",
+    "FAILED": "raised an error",
+    "SCHEDULED": "never started",
+}
+
+
+def describe_left_out(left_out: dict[str, int]) -> str:
+    """'left out 3 runs that did not finish: 2 KILLED (killed or pruned; ...), 1 RUNNING (...)'."""
+    if not left_out:
+        return "left out no runs"
+    parts = ", ".join(f"{n} {status} ({LEFT_OUT_WHY.get(status, 'not finished')})"
+                      for status, n in sorted(left_out.items(), key=lambda item: -item[1]))
+    return f"left out {sum(left_out.values())} run(s) that did not finish: {parts}; --all-runs includes them"
+
+
+def _status(client: Any, run: Any) -> str:
+    """The run's status, after marking a RUNNING run whose process is gone as KILLED."""
+    status = run.info.status
+    process = run.data.tags.get(PROCESS_TAG)
+    if status == "RUNNING" and process and process_is_gone(process):
+        log.info("run %s (%s) is RUNNING but its process %s is gone: marking it KILLED", run.info.run_id,
+                 run.info.run_name, process)
+        client.set_terminated(run.info.run_id, "KILLED")
+        return "KILLED"
+    return status
+
+
+def load_runs(
+    client: Any, experiment: str, group: str | None = None, all_runs: bool = False
+) -> tuple[list[RunRecord], dict[str, int]]:
+    """Training runs of ``experiment`` (report runs excluded), with final metrics and curve histories; and the
+    number of training runs left out (not FINISHED, unless ``all_runs``) by status."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
         known = sorted(e.name for e in client.search_experiments())
@@ -111,11 +147,14 @@ def load_runs(client: Any, experiment: str, group: str | None = None, all_runs: 
     query = f"tags.group = '{group}'" if group else ""
     runs = client.search_runs([found.experiment_id], filter_string=query, max_results=5000)
     records = []
+    left_out: Counter[str] = Counter()
     for run in runs:
         tags = run.data.tags
         if tags.get(KIND_TAG) == "report":
             continue
-        if not all_runs and run.info.status != "FINISHED":
+        status = _status(client, run)
+        if not all_runs and status != "FINISHED":
+            left_out[status] += 1
             continue
         record = RunRecord(
             run_id=run.info.run_id,
@@ -123,7 +162,7 @@ def load_runs(client: Any, experiment: str, group: str | None = None, all_runs: 
             env=tags.get("env", "unknown"),
             seed=tags.get("seed", "?"),
             ablation=tags.get("ablation") or None,
-            status=run.info.status,
+            status=status,
             final=dict(run.data.metrics),
         )
         for key in CURVE_KEYS:
@@ -132,7 +171,9 @@ def load_runs(client: Any, experiment: str, group: str | None = None, all_runs: 
                 record.history[key] = sorted((int(m.step), float(m.value)) for m in points)
         records.append(record)
     log.info("experiment %r: %d training runs%s", experiment, len(records), f" in group {group!r}" if group else "")
-    return records
+    if left_out:
+        log.warning("experiment %r: %s", experiment, describe_left_out(left_out))
+    return records, dict(left_out)
 
 
 # ----------------------------------------------------------------------------------------------- tables
@@ -377,16 +418,17 @@ def make_report(
 
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
     client = MlflowClient(uri)
-    records = load_runs(client, experiment, group=group, all_runs=all_runs)
+    records, left_out = load_runs(client, experiment, group=group, all_runs=all_runs)
     if not records:
         raise ValueError(
             f"experiment {experiment!r} has no {'' if all_runs else 'FINISHED '}training runs"
-            f"{f' in group {group!r}' if group else ''}; use --all-runs to include failed or running ones"
+            f"{f' in group {group!r}' if group else ''} ({describe_left_out(left_out)})"
         )
     out = Path(out_dir) if out_dir else Path("outputs") / "reports" / experiment
     tables, figures = write_report(records, out, experiment)
     run_id = attach_to_mlflow(client, experiment, out) if upload else None
-    return ReportFiles(out_dir=out, tables=tables, figures=figures, n_runs=len(records), report_run_id=run_id)
+    return ReportFiles(out_dir=out, tables=tables, figures=figures, n_runs=len(records), report_run_id=run_id,
+                       left_out=left_out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -407,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", error)
         return 2
     print((files.out_dir / "report.md").read_text())  # noqa: T201 - CLI output
-    print(f"wrote {len(files.tables)} tables and {len(files.figures)} figures to {files.out_dir}"  # noqa: T201
+    print(f"wrote {len(files.tables)} tables and {len(files.figures)} figures to {files.out_dir} from "  # noqa: T201
+          f"{files.n_runs} FINISHED run(s); {describe_left_out(files.left_out)}"
           + (f"; MLflow report run {files.report_run_id}" if files.report_run_id else ""))
     return 0
 

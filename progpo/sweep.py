@@ -6,10 +6,14 @@ with Hydra's compose API, applies the sampled values, runs ``progpo.train.train`
 returns the objective. Trials are MLflow runs in the study's MLflow experiment (tags ``optuna.study_name``,
 ``optuna.trial_number``; trial user attr ``mlflow_run_id``).
 
-``n_trials`` is the size the study should reach, counting trials in every state: a new study gets ``n_trials``
-trials, a second invocation with a larger ``n_trials`` continues it (``load_if_exists``), and several processes on
-one storage stop together at exactly ``n_trials`` (the check "fewer than n trials? then ask for one" runs under a
-lock on the storage). Failed and NaN trials are recorded as FAIL and count; the study goes on.
+``n_trials`` is the size the study should reach, counting started trials in every state: a new study gets
+``n_trials`` trials, a second invocation with a larger ``n_trials`` continues it (``load_if_exists``), and several
+processes on one storage stop together at exactly ``n_trials`` (the check "fewer than n trials? then ask for one"
+runs under a lock on the storage). Failed and NaN trials are recorded as FAIL and count; the study goes on.
+A trial whose worker died (no heartbeat for ``2 * heartbeat_s``) becomes FAIL at the start of the next invocation
+or trial of any process and does not count: its point is queued again (``retry_killed`` times, see ``make_storage``).
+With a sampler seed, trial n samples with a seed derived from (seed, n) (``PerTrialSeedSampler``), so workers and
+continued studies never repeat each other's random start-up points.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import optuna
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -81,9 +86,51 @@ class ParamSpec:
         return trial.suggest_categorical(self.name, list(self.choices))
 
 
+def trial_seed(seed: int, number: int) -> int:
+    """The sampler seed of trial ``number`` in a study seeded with ``seed`` (numpy's ``SeedSequence`` of both)."""
+    return int(np.random.SeedSequence([int(seed), int(number)]).generate_state(1)[0])
+
+
+class PerTrialSeedSampler(optuna.samplers.BaseSampler):
+    """A sampler built afresh for every trial with the seed ``trial_seed(seed, trial.number)``, to which it delegates.
+
+    One seed per process would make workers that start together, or a study continued by a new process, draw the
+    same random start-up points. Seeding by trial number keeps a seeded sweep reproducible whichever process runs a
+    trial, and gives no two trials of a study the same seed.
+    """
+
+    def __init__(self, build: Callable[[int | None], optuna.samplers.BaseSampler], seed: int) -> None:
+        self._build = build
+        self._seed = seed
+        self._sampler = build(seed)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self._sampler = self._build(trial_seed(self._seed, trial.number))
+        self._sampler.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        return self._sampler.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
+        return self._sampler.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
+                           param_distribution: Any) -> Any:
+        return self._sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: optuna.trial.TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._sampler.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._sampler.reseed_rng()
+
+
 @dataclass(frozen=True)
 class SamplerSpec:
-    """``type``: tpe | random; ``seed`` makes a single-process sweep reproducible."""
+    """``type``: tpe | random. ``seed``: trial n samples with ``trial_seed(seed, n)`` (reproducible, and distinct in
+    every worker and continued study); null: OS entropy in every process."""
 
     type: str = "tpe"
     seed: int | None = 0
@@ -91,12 +138,17 @@ class SamplerSpec:
     multivariate: bool = False
 
     def build(self) -> optuna.samplers.BaseSampler:
+        if self.seed is None:
+            return self.build_seeded(None)
+        return PerTrialSeedSampler(self.build_seeded, int(self.seed))
+
+    def build_seeded(self, seed: int | None) -> optuna.samplers.BaseSampler:
         if self.type == "tpe":
             return optuna.samplers.TPESampler(
-                seed=self.seed, n_startup_trials=self.n_startup_trials, multivariate=self.multivariate
+                seed=seed, n_startup_trials=self.n_startup_trials, multivariate=self.multivariate
             )
         if self.type == "random":
-            return optuna.samplers.RandomSampler(seed=self.seed)
+            return optuna.samplers.RandomSampler(seed=seed)
         raise SweepSpecError(f"sampler.type must be tpe or random, got {self.type!r}")
 
 
@@ -142,6 +194,7 @@ class SweepSpec:
     config_dir: str | None = None
     config_name: str = "config"
     heartbeat_s: int = 60
+    retry_killed: int = 1
 
     @property
     def experiment_name(self) -> str:
@@ -162,6 +215,8 @@ class SweepSpec:
             raise SweepSpecError(f"timeout_s must be > 0 or null, got {self.timeout_s}")
         if self.heartbeat_s < 1:
             raise SweepSpecError(f"heartbeat_s must be >= 1, got {self.heartbeat_s}")
+        if self.retry_killed < 0:
+            raise SweepSpecError(f"retry_killed must be >= 0, got {self.retry_killed}")
         names = {p.name for p in self.search_space}
         for param in self.search_space:
             param.check()
@@ -224,27 +279,68 @@ def load_spec(path: str | Path, sets: Sequence[str] = ()) -> SweepSpec:
 # ----------------------------------------------------------------------------------------------- storage + lock
 
 
-def make_storage(spec: SweepSpec) -> optuna.storages.BaseStorage | None:
-    """RDB storage with heartbeats (a crashed worker's trial becomes FAIL after 2 heartbeats), or None (memory)."""
+KilledTrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
+
+
+def make_storage(spec: SweepSpec, on_killed: KilledTrialCallback | None = None) -> optuna.storages.BaseStorage | None:
+    """RDB storage with heartbeats, or None (in memory).
+
+    A trial sends a heartbeat every ``heartbeat_s`` while it runs; one without a heartbeat for ``2 * heartbeat_s``
+    belongs to a dead worker (a live worker's trials keep beating, so several workers never fail each other's trials).
+    Such a trial becomes FAIL the next time any process of the study looks (``optuna.storages.fail_stale_trials``,
+    at the start of every invocation and of every trial) and Optuna's ``RetryHeartbeatStaleTrialCallback`` queues its
+    point again, up to ``retry_killed`` times; then ``on_killed`` runs.
+    """
     if spec.storage is None:
         return None
     url = spec.storage
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///") :])
         path.parent.mkdir(parents=True, exist_ok=True)
+    with _experimental():
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.retry_killed)
+
+    def killed(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        log.warning("[%s] trial %d was RUNNING without a heartbeat for %ds (its worker died): marked FAIL%s",
+                    spec.study_name, trial.number, 2 * spec.heartbeat_s,
+                    "" if _retries(trial) >= spec.retry_killed else ", its point queued again")
+        with _experimental():
+            retry(study, trial)
+        if on_killed is not None:
+            on_killed(study, trial)
+
     try:
-        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and exactly what we need
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with _experimental():
             return optuna.storages.RDBStorage(
                 url,
                 heartbeat_interval=spec.heartbeat_s,
                 grace_period=2 * spec.heartbeat_s,
+                heartbeat_stale_trial_callback=killed,
                 engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
             )
     except ModuleNotFoundError as error:
         raise SweepSpecError(
             f"storage={url!r} needs a database driver ({error.name}); for PostgreSQL: pip install -e '.[postgres]'"
         ) from error
+
+
+@contextlib.contextmanager
+def _experimental() -> Iterator[None]:
+    """Heartbeats and their callbacks are "experimental" in Optuna, and exactly what we need: no warning for them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
+def _retries(trial: optuna.trial.FrozenTrial) -> int:
+    """How often the point of ``trial`` was queued again before it (0 for a first attempt)."""
+    return len(trial.system_attrs.get("retry_history", []))
+
+
+def trials_toward_n(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
+    """Trials that count toward ``n_trials``: started ones in any state, less killed ones that a retry replaces."""
+    replaced = {t.system_attrs["retry_history"][-1] for t in trials if t.system_attrs.get("retry_history")}
+    return sum(t.state != optuna.trial.TrialState.WAITING and t.number not in replaced for t in trials)
 
 
 @contextlib.contextmanager
@@ -286,13 +382,14 @@ _LOCAL_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class SweepResult:
-    """State of the study when this process stopped."""
+    """State of the study when this process stopped (``n_trials``: the trials that count, see ``trials_toward_n``)."""
 
     study_name: str
     n_trials: int
     complete: int
     pruned: int
     failed: int
+    retried: int
     best_value: float | None
     best_params: dict[str, Any]
     best_trial: int | None
@@ -307,10 +404,11 @@ def _summary(study: optuna.Study, ran_here: int) -> SweepResult:
         best = study.best_trial
     return SweepResult(
         study_name=study.study_name,
-        n_trials=len(trials),
+        n_trials=trials_toward_n(trials),
         complete=by_state[optuna.trial.TrialState.COMPLETE],
         pruned=by_state[optuna.trial.TrialState.PRUNED],
         failed=by_state[optuna.trial.TrialState.FAIL],
+        retried=sum(bool(t.system_attrs.get("retry_history")) for t in trials),
         best_value=best.value if best else None,
         best_params=dict(best.params) if best else {},
         best_trial=best.number if best else None,
@@ -339,9 +437,14 @@ def run_sweep(
     spec: SweepSpec,
     objective: Callable[[optuna.Trial], float],
     after_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+    after_killed: KilledTrialCallback | None = None,
 ) -> SweepResult:
-    """Run trials until the study holds ``spec.n_trials`` trials (or ``timeout_s`` passes); see the module doc."""
-    storage = make_storage(spec)
+    """Run trials until ``spec.n_trials`` trials count (or ``timeout_s`` passes); see the module doc.
+
+    ``after_trial`` runs after each trial of this process, ``after_killed`` for each trial of a dead worker that this
+    process marks FAIL (see ``make_storage``).
+    """
+    storage = make_storage(spec, on_killed=after_killed)
     study = create_study(spec, storage)
     with storage_lock(storage, spec.study_name):
         for point in spec.enqueue:
@@ -364,7 +467,11 @@ def run_sweep(
     while spec.timeout_s is None or time.monotonic() - started < spec.timeout_s:
         with contextlib.ExitStack() as held:
             held.enter_context(storage_lock(storage, spec.study_name))
-            if len(study.get_trials(deepcopy=False)) >= spec.n_trials:
+            with _experimental():
+                optuna.storages.fail_stale_trials(study)  # trials of dead workers: FAIL, their points queued again
+            trials = study.get_trials(deepcopy=False)
+            if trials_toward_n(trials) >= spec.n_trials:
+                _log_running(spec, trials)
                 break
 
             def locked_objective(trial: optuna.Trial, held: contextlib.ExitStack = held) -> float:
@@ -376,6 +483,14 @@ def run_sweep(
     result = _summary(study, ran)
     log.info("[%s] stopped: %s", spec.study_name, result)
     return result
+
+
+def _log_running(spec: SweepSpec, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
+    running = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    if running:
+        log.info("[%s] trials %s are RUNNING in other workers; a trial whose worker died is marked FAIL (and its "
+                 "point queued again) by the first invocation %ds after its last heartbeat",
+                 spec.study_name, running, 2 * spec.heartbeat_s)
 
 
 # ----------------------------------------------------------------------------------------------- trainer trials
@@ -415,22 +530,65 @@ class OptunaTrialCallback(L.Callback):
             raise optuna.TrialPruned(f"pruned at iteration {step}: {self.monitor}={value:.4f}")
 
 
-def _compose(spec: SweepSpec, overrides: Sequence[str]) -> DictConfig:
+def _compose_with_hydra(spec: SweepSpec, overrides: Sequence[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
 
     config_dir = str(Path(spec.config_dir).resolve() if spec.config_dir else REPO_CONF)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name=spec.study_name):
-        cfg = compose(config_name=spec.config_name, overrides=list(overrides), return_hydra_config=True)
+        return compose(config_name=spec.config_name, overrides=list(overrides), return_hydra_config=True)
+
+
+def _compose(spec: SweepSpec, extra: Sequence[str]) -> DictConfig:
+    """The sweep file's overrides, then the command line's ``extra``, which win on every key they change.
+
+    Hydra applies ``key=value`` overrides after all config groups, so the sweep file's ``schedule.max_iterations=30``
+    alone would beat the command line's ``experiment=fast_dev`` (which sets it to 1). Hence every key whose value
+    ``extra`` changes (on top of the sweep file's config group choices) takes the value ``extra`` gives it.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = _compose_with_hydra(spec, [*spec.overrides, *extra])
+    if extra:
+        choices = cfg.hydra.runtime.choices
+        groups = [o for o in spec.overrides if o.split("=", 1)[0].lstrip("+~").split("@", 1)[0] in choices]
+        before = _leaves(_compose_with_hydra(spec, groups))
+        after = _leaves(_compose_with_hydra(spec, [*groups, *extra]))
+        with open_dict(cfg):
+            for key, value in after.items():
+                if key.split(".", 1)[0] != "hydra" and before.get(key, _MISSING) != value:
+                    OmegaConf.update(cfg, key, value, merge=False)
     HydraConfig.instance().set_config(cfg)  # runtime.choices feed the run's method/env/model tags
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
 
 
+_MISSING = object()
+
+
+def _leaves(cfg: DictConfig) -> dict[str, Any]:
+    """Dotted key -> unresolved value of every leaf (lists count as leaves)."""
+    out: dict[str, Any] = {}
+
+    def visit(prefix: str, node: Any) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                visit(f"{prefix}{key}.", value)
+        else:
+            out[prefix[:-1]] = node
+
+    visit("", OmegaConf.to_container(cfg, resolve=False))
+    return out
+
+
 def trial_config(spec: SweepSpec, values: Mapping[str, Any], number: int, extra: Sequence[str] = ()) -> DictConfig:
-    """The trainer config of one trial: base overrides, CLI overrides, sampled values, logger/run settings."""
-    cfg = _compose(spec, [*spec.overrides, *extra])
+    """The trainer config of one trial: sweep file overrides, CLI overrides (winning), sampled values, run settings.
+
+    The run is named ``<credit>-<env>-<model>-seed<seed>-trial<number>`` (MLflow run and ``run_name``).
+    """
+    from progpo.runs import default_run_name
+
+    cfg = _compose(spec, extra)
     with open_dict(cfg):
         for key, value in values.items():
             if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
@@ -441,7 +599,7 @@ def trial_config(spec: SweepSpec, values: Mapping[str, Any], number: int, extra:
             OmegaConf.update(cfg, key, value, merge=False)
         if "objective" in cfg:
             cfg.objective = spec.objective
-        run_name = f"{spec.study_name}-t{number:04d}"
+        run_name = f"{default_run_name(cfg)}-trial{number}"
         cfg.run_name = run_name
         cfg.run_dir = str(Path(spec.output_dir) / spec.study_name / f"trial_{number:04d}")
         if cfg.get("logger") is not None and "experiment_name" in cfg.logger:
@@ -488,23 +646,24 @@ class TrainerObjective:
             raise
         except Exception as error:
             if uri and callback.run_id is None:  # failed before the logger started: record the attempt anyway
-                self._record_unlogged_failure(trial, uri, values, error)
+                self._record_unlogged_failure(trial, uri, str(cfg.run_name), values, error)
             raise
         if self.spec.objective not in metrics:
             raise KeyError(f"objective {self.spec.objective!r} is not among the run's metrics: {sorted(metrics)}")
         return float(metrics[self.spec.objective])
 
-    def _record_unlogged_failure(self, trial: optuna.Trial, uri: str, values: Mapping[str, Any], error: Exception) -> None:
+    def _record_unlogged_failure(self, trial: optuna.Trial, uri: str, run_name: str, values: Mapping[str, Any],
+                                 error: Exception) -> None:
         try:
             from mlflow import MlflowClient
 
+            from progpo.tracking import ensure_experiment
+
             client = MlflowClient(uri)
-            experiment = client.get_experiment_by_name(self.spec.experiment_name)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else client.create_experiment(self.spec.experiment_name))
+            experiment_id = ensure_experiment(client, self.spec.experiment_name, uri)
             run = client.create_run(
                 experiment_id,
-                run_name=f"{self.spec.study_name}-t{trial.number:04d}",
+                run_name=run_name,
                 tags={"optuna.study_name": self.spec.study_name, "optuna.trial_number": str(trial.number),
                       "group": self.spec.study_name, "progpo.kind": "train",
                       "error": f"{type(error).__name__}: {error}"[:5000]},
@@ -517,6 +676,14 @@ class TrainerObjective:
 
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Mirror the trial's outcome on its MLflow run: tags optuna.state/value, status FINISHED/KILLED/FAILED."""
+        status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(trial.state.name, "FAILED")
+        self._mirror(trial, status)
+
+    def after_killed(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """A dead worker's trial (FAIL in Optuna): its MLflow run, left RUNNING by the killed process, ends KILLED."""
+        self._mirror(trial, "KILLED")
+
+    def _mirror(self, trial: optuna.trial.FrozenTrial, status: str) -> None:
         uri, run_id = trial.user_attrs.get("mlflow_tracking_uri"), trial.user_attrs.get("mlflow_run_id")
         if not uri or not run_id:
             return
@@ -527,7 +694,6 @@ class TrainerObjective:
             client.set_tag(run_id, "optuna.state", trial.state.name)
             if trial.value is not None:
                 client.set_tag(run_id, "optuna.value", str(trial.value))
-            status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(trial.state.name, "FAILED")
             client.set_terminated(run_id, status)
         except Exception as error:  # bookkeeping only: never stop the study for it
             log.warning("could not update the MLflow run of trial %d: %s", trial.number, error)
@@ -562,7 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("invalid sweep: %s", error)
         return 2
     objective = TrainerObjective(spec, hydra_overrides)
-    result = run_sweep(spec, objective, after_trial=objective.after_trial)
+    result = run_sweep(spec, objective, after_trial=objective.after_trial, after_killed=objective.after_killed)
     print(json.dumps(asdict(result), indent=2, default=str))  # noqa: T201 - CLI output
     return 0
 

@@ -108,6 +108,21 @@ def _build_rollout(cfg: DictConfig, typed: RunConfig, suite, policy) -> tuple[An
 def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
     """Everything one run needs, built in the order that fails fastest; nothing is trained yet."""
     typed, run_dir, ckpt = _prepare(cfg)
+    with open_dict(cfg):
+        run_id = stored_run_id(ckpt)
+        if run_id and "run_id" in cfg.logger:
+            cfg.logger.run_id = run_id
+    logger = build_with(cfg.logger, cfg=cfg)  # checks the tracking store before anything slow is built
+    try:
+        return _build_parts(cfg, typed, run_dir, ckpt, logger, callbacks or [])
+    except BaseException as error:
+        if hasattr(logger, "end_run"):
+            logger.end_run("FAILED", error)
+        raise
+
+
+def _build_parts(cfg: DictConfig, typed: RunConfig, run_dir: Path, ckpt: Path | None, logger, callbacks: list) -> Run:
+    """The env suite, the policy, the rollout, the iteration, the Lightning objects."""
     import lightning as L
     from hydra.utils import instantiate
 
@@ -118,11 +133,6 @@ def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
     from progpo.lit.module import ProGPOModule
     from progpo.models import make_reference
 
-    with open_dict(cfg):
-        run_id = stored_run_id(ckpt)
-        if run_id and "run_id" in cfg.logger:
-            cfg.logger.run_id = run_id
-    logger = build_with(cfg.logger, cfg=cfg)  # checks the tracking store before anything slow is built
     log.info("building environment suite (%s)", cfg.env._target_)
     suite = instantiate(cfg.env)
     log.info("env %s: %d train tasks, %d held-out tasks (fingerprint %s)", suite.name, len(suite.train_tasks),
@@ -145,7 +155,7 @@ def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
         logger=logger if logger is not None else False,
         callbacks=[record, IterationProgressBar(typed.schedule.max_iterations),
                    IterationCheckpoint(run_dir / "checkpoints", every=typed.schedule.ckpt_every),
-                   TrajectoryTable(typed.schedule.log_trajectories_every, policy.tokenizer), *(callbacks or [])],
+                   TrajectoryTable(typed.schedule.log_trajectories_every, policy.tokenizer), *callbacks],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -160,29 +170,30 @@ def fit(run: Run) -> dict[str, float]:
     """Evaluate the start point, train, evaluate the end point; write the summary and curves."""
     from progpo.lit.plots import plot_curves
     from progpo.summary import summary_table
+    from progpo.tracking import run_status
 
     trainer, module, datamodule, record = run.trainer, run.module, run.datamodule, run.record
-    try:
-        if run.ckpt is None:
-            trainer.validate(module, datamodule=datamodule, verbose=False)  # the warm-started start point
-        else:
-            log.info("resuming from %s", run.ckpt)
-        # Our own checkpoints hold RNG states (numpy arrays), which torch's weights-only loader refuses.
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(run.ckpt) if run.ckpt else None,
-                    weights_only=False)
-        if record.last_eval_iteration != record.iterations_done:
-            trainer.validate(module, datamodule=datamodule, verbose=False)
-    finally:
-        run.collector.close()
-        run.engine.close()
-    table = summary_table(record.initial_eval or {}, record.last_eval or {}, run.suite.task_types)
-    temperature = run.typed.eval.temperature
-    sampling = "greedy" if temperature == 0 else f"sampled at T={temperature:g}"
-    log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
-    (run.run_dir / "summary.md").write_text(table + "\n")
-    plot_curves(record.history, run.run_dir, run.logger)
-    if run.logger is not None and hasattr(run.logger, "finalize"):
-        run.logger.finalize("success")
+    # The MLflow run ends FINISHED only after the final evaluation; FAILED if anything raises, KILLED on Ctrl+C.
+    with run_status(run.logger):
+        try:
+            if run.ckpt is None:
+                trainer.validate(module, datamodule=datamodule, verbose=False)  # the warm-started start point
+            else:
+                log.info("resuming from %s", run.ckpt)
+            # Our own checkpoints hold RNG states (numpy arrays), which torch's weights-only loader refuses.
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(run.ckpt) if run.ckpt else None,
+                        weights_only=False)
+            if record.last_eval_iteration != record.iterations_done:
+                trainer.validate(module, datamodule=datamodule, verbose=False)
+        finally:
+            run.collector.close()
+            run.engine.close()
+        table = summary_table(record.initial_eval or {}, record.last_eval or {}, run.suite.task_types)
+        temperature = run.typed.eval.temperature
+        sampling = "greedy" if temperature == 0 else f"sampled at T={temperature:g}"
+        log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
+        (run.run_dir / "summary.md").write_text(table + "\n")
+        plot_curves(record.history, run.run_dir, run.logger)
     return record.final_metrics()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 ACTION_OPEN = "<action>"
 ACTION_CLOSE = "</action>"
-_ACTION_RE = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+_ACTION_TAG = re.compile(r"<action>|</action>", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 _QUOTES = "\"'`"
 
@@ -43,9 +43,20 @@ def find_admissible(text: str, admissible: Sequence[str]) -> str | None:
 
 
 def extract_action(text: str) -> str | None:
-    """Content of the last closed ``<action>...</action>`` tag, or None when there is none."""
-    matches = _ACTION_RE.findall(text)
-    return matches[-1] if matches else None
+    """Content of the last closed ``<action>...</action>`` tag, or None when there is none.
+
+    One left-to-right pass over the tags (linear in the text): a tag opens at the first ``<action>`` outside a tag
+    and closes at the next ``</action>``, exactly the matches of ``re.findall(r"<action>(.*?)</action>")`` (which
+    is quadratic on many unclosed ``<action>`` tags: it rescans the rest of the text from each of them).
+    """
+    last, opened_at = None, None
+    for tag in _ACTION_TAG.finditer(text):
+        closing = tag.group().startswith("</")
+        if opened_at is None and not closing:
+            opened_at = tag.end()
+        elif opened_at is not None and closing:
+            last, opened_at = text[opened_at : tag.start()], None
+    return last
 
 
 def project_action(text: str, admissible: Sequence[str]) -> ProjectedAction:

@@ -2,17 +2,21 @@
 
 A Lightning ``MLFlowLogger`` that (1) checks the store at start and fails at once with a message naming
 ``logger.tracking_uri``, (2) creates the run eagerly so its id can go into checkpoints, (3) records the
-resolved config, git commit and grouping tags, and (4) retries every later call with backoff and only warns
-when the store stays unreachable, so tracking problems never end a training run.
+resolved config, git commit and grouping tags, (4) retries every later call with backoff and only warns
+when the store stays unreachable, so tracking problems never end a training run, and (5) lets the run's MLflow
+status follow its life: RUNNING while it trains, FAILED when it raises, FINISHED only when the trainer says the run
+is complete (``end_run``; see ``run_status``), never on Lightning's end-of-stage ``finalize("success")``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -25,10 +29,12 @@ from typing_extensions import override
 from progpo.tracking.retry import RetryPolicy, call_with_retry
 from progpo.tracking.run_info import (
     MAX_TAG_VALUE_LENGTH,
+    PROCESS_TAG,
     clip,
     derive_tags,
     flatten_params,
     git_info,
+    process_id,
     to_container,
 )
 
@@ -37,6 +43,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 KIND_TAG = "progpo.kind"  # "train" for training runs, "report" for the report run of an experiment
+# The experiment tag by which MLflow's UI tells a classic ML experiment (runs table) from a GenAI app (overview,
+# traces): values genai_development | custom_model_development (mlflow/server/js). MLflow 3.17.2's experiment page
+# does not read it, though: it follows the browser's "GenAI | Model training" switch (default GenAI) or the URL
+# parameter `workflowType=machine_learning` (see scripts/mlflow_ui_screenshot.sh).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+RUN_END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
 class TrackingUnavailableError(RuntimeError):
@@ -75,6 +88,51 @@ def check_tracking_uri(tracking_uri: str, timeout_s: float = 5.0) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
 
+def default_artifact_location(tracking_uri: str, experiment_name: str) -> str | None:
+    """``<folder of the .db>/mlartifacts/<experiment>`` for a sqlite store, so that artifacts stay with their store.
+
+    MLflow's own default for a sqlite store is ``./mlruns`` in the working directory of whoever created the
+    experiment. Other stores (a server, PostgreSQL) decide themselves: None.
+    """
+    if urlparse(tracking_uri).scheme != "sqlite":
+        return None
+    path = _sqlite_path(tracking_uri)
+    if path is None:
+        return None
+    folder = re.sub(r"[^A-Za-z0-9_.-]", "_", experiment_name)
+    return (path.resolve().parent / "mlartifacts" / folder).as_uri()
+
+
+def ensure_experiment(client: Any, name: str, tracking_uri: str, artifact_location: str | None = None) -> str:
+    """Id of the named experiment, created if missing (another process may create it at the same moment).
+
+    A new experiment gets ``artifact_location`` (default: ``default_artifact_location``) and, like an existing one
+    without it, the experiment kind tag of a classic ML experiment (``EXPERIMENT_KIND_TAG``).
+    """
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise TrackingUnavailableError(
+            f"MLflow experiment {name!r} is deleted; restore it in the MLflow UI or choose another "
+            "logger.experiment_name"
+        )
+    if found is None:
+        location = artifact_location or default_artifact_location(tracking_uri, name)
+        try:
+            experiment_id = client.create_experiment(name, artifact_location=location,
+                                                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            log.info("created MLflow experiment %r (artifacts: %s)", name, location or "the server's default")
+            return experiment_id
+        except MlflowException:
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in found.tags:
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return found.experiment_id
+
+
 class ProGPOMLFlowLogger(MLFlowLogger):
     """``MLFlowLogger`` with eager run creation, resume, retries, and param de-duplication.
 
@@ -85,7 +143,13 @@ class ProGPOMLFlowLogger(MLFlowLogger):
         run_id: continue this existing run instead of creating one (resume from a checkpoint).
         tags: tags set on the run (merged over existing tags on resume).
         retry: how failed calls are retried after start.
-        artifact_location: artifact root for a newly created experiment (None: the server decides).
+        artifact_location: artifact root for a newly created experiment (None: next to a sqlite store, else the
+            server decides).
+
+    Lightning calls ``finalize("success")`` at the end of every ``trainer.validate`` and ``trainer.fit``, so that
+    call does not end the run; ``finalize("failed")`` (an exception inside Lightning) ends it FAILED, and the trainer
+    ends a complete run with ``end_run("FINISHED")`` after its final evaluation. A run whose process is killed stays
+    RUNNING (with the ``progpo.process`` tag that lets ``progpo.report`` see that its process is gone).
     """
 
     def __init__(
@@ -141,33 +205,16 @@ class ProGPOMLFlowLogger(MLFlowLogger):
         if self.resumed:
             run = self.client.get_run(self._run_id)
             self._logged_params = dict(run.data.params)
+            log.info("continuing MLflow run %s (%s until now)", self._run_id, run.info.status)
             self.client.update_run(self._run_id, status="RUNNING")
             if self.tags:
                 self.set_tags(self.tags)
+        self.set_tags({PROCESS_TAG: process_id()})
         return self._run_id
 
     def _ensure_experiment(self) -> str:
-        """Id of the named experiment, created if missing (another process may create it at the same moment)."""
-        from mlflow.exceptions import MlflowException
-
-        client = self._mlflow_client
-        found = client.get_experiment_by_name(self._experiment_name)
-        if found is not None and found.lifecycle_stage == "deleted":
-            raise TrackingUnavailableError(
-                f"MLflow experiment {self._experiment_name!r} is deleted; restore it in the MLflow UI or choose "
-                "another logger.experiment_name"
-            )
-        if found is not None:
-            return found.experiment_id
-        try:
-            experiment_id = client.create_experiment(self._experiment_name, artifact_location=self._artifact_location)
-            log.info("created MLflow experiment %r", self._experiment_name)
-            return experiment_id
-        except MlflowException:
-            found = client.get_experiment_by_name(self._experiment_name)
-            if found is None:
-                raise
-            return found.experiment_id
+        return ensure_experiment(self._mlflow_client, self._experiment_name, self._tracking_uri,
+                                 self._artifact_location)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
@@ -205,7 +252,23 @@ class ProGPOMLFlowLogger(MLFlowLogger):
     @override
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        self.call("finalize run", super().finalize, status)
+        """Lightning's end-of-stage hook: only a failure ends the run here (see the class doc)."""
+        if status == "failed":
+            self.end_run("FAILED")
+        else:
+            log.debug("MLflow run %s stays RUNNING after Lightning's finalize(%r)", self._run_id, status)
+
+    @rank_zero_only
+    def end_run(self, status: str = "FINISHED", error: BaseException | None = None) -> None:
+        """End the MLflow run as FINISHED (complete, after the final evaluation), FAILED or KILLED.
+
+        ``error`` (the exception that ended the run) is recorded as the ``error`` tag.
+        """
+        if status not in RUN_END_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(RUN_END_STATUSES)}, got {status!r}")
+        if error is not None:
+            self.set_tags({"error": f"{type(error).__name__}: {error}"})
+        self.call("end run", self.client.set_terminated, self.run_id, status)
 
     @override
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
@@ -219,6 +282,29 @@ class ProGPOMLFlowLogger(MLFlowLogger):
         """The resolved config as a YAML artifact (the complete record; params are a flattened, clipped view)."""
         text = OmegaConf.to_yaml(OmegaConf.create(to_container(cfg)))
         self.call("log config", self.client.log_text, self.run_id, text, artifact_file)
+
+
+@contextlib.contextmanager
+def run_status(logger: Any) -> Iterator[None]:
+    """End ``logger``'s run with the outcome of the block: FINISHED when it returns, KILLED on ``KeyboardInterrupt``
+    or ``SystemExit`` (Lightning turns Ctrl+C and SIGTERM into ``SystemExit``), FAILED on any other exception.
+
+    A no-op for ``None`` and loggers without ``end_run`` (``logger=none``). Put the whole run in the block, the
+    final evaluation included::
+
+        with run_status(logger):
+            trainer.fit(...)
+            trainer.validate(...)
+    """
+    end_run = getattr(logger, "end_run", None)
+    try:
+        yield
+    except BaseException as error:
+        if end_run is not None:
+            end_run("KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED", error)
+        raise
+    if end_run is not None:
+        end_run("FINISHED")
 
 
 def make_logger(
@@ -237,6 +323,7 @@ def make_logger(
 ) -> ProGPOMLFlowLogger:
     """Hydra target of ``conf/logger/mlflow.yaml``: a started MLflow logger for the run described by ``cfg``.
 
+    The run is named ``run_name``, else ``cfg.run_name`` (the trainer fills it: ``<credit>-<env>-<model>-seed<seed>``).
     Fails at once with ``TrackingUnavailableError`` if the store named by ``logger.tracking_uri`` cannot be used.
     Tags: method/env/model/experiment/ablation (Hydra choices), seed, group (``group``, else the multirun's sweep
     dir, else the experiment name), git commit/branch/dirty, ``progpo.kind=train``; ``tags`` override them.
@@ -263,7 +350,7 @@ def make_logger(
     logger = ProGPOMLFlowLogger(
         experiment_name=experiment_name,
         tracking_uri=tracking_uri,
-        run_name=run_name,
+        run_name=run_name or _config_run_name(cfg),
         run_id=run_id,
         tags=run_tags,
         retry=policy,
@@ -291,3 +378,8 @@ def make_logger(
         logger.log_config(cfg, artifact)
     log.info("MLflow run %s in experiment %r at %s", logger.run_id, experiment_name, tracking_uri)
     return logger
+
+
+def _config_run_name(cfg: Any) -> str | None:
+    name = cfg.get("run_name") if isinstance(cfg, Mapping) else None
+    return str(name) if name else None

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -148,3 +149,34 @@ def derive_tags(cfg: Any, experiment_name: str, group: str | None) -> dict[str, 
     if overrides:
         tags["hydra_overrides"] = clip(" ".join(overrides), MAX_TAG_VALUE_LENGTH)
     return tags
+
+
+# The process that logs a run, as "<host>/<pid>/<process start time>": lets `progpo.report` tell a RUNNING run whose
+# process was killed (same host, that process gone) from one still training.
+PROCESS_TAG = "progpo.process"
+
+
+def process_id(pid: int | None = None) -> str:
+    """``<host>/<pid>/<start time>`` of this process (or of ``pid``); the start time guards against reused pids."""
+    import psutil
+
+    process = psutil.Process(pid)
+    return f"{socket.gethostname()}/{process.pid}/{process.create_time():.2f}"
+
+
+def process_is_gone(tag: str) -> bool:
+    """True when ``tag`` (a ``process_id``) names a process of this host that no longer runs.
+
+    False when it still runs, and for another host (or a malformed tag): there it cannot be checked.
+    """
+    import psutil
+
+    host, _, rest = tag.partition("/")
+    pid, _, started = rest.partition("/")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        process = psutil.Process(int(pid))
+        return f"{process.create_time():.2f}" != started or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

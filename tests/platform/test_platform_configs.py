@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from progpo.config import validate_config
 from progpo.sweep import SweepSpec, trial_config
@@ -79,6 +79,32 @@ def test_trial_config_applies_sampled_values_and_links_the_study(tmp_path):
         trial_config(spec, {"credit.lambda_trr": 0.1}, number=8)
 
 
+def test_trial_is_named_after_method_env_model_seed_and_number(tmp_path):
+    spec = SweepSpec(study_name="s", overrides=("credit=grpo", "env=webshop", "seed=3"), output_dir=str(tmp_path))
+    cfg = trial_config(spec, {}, number=12)
+    assert cfg.run_name == cfg.logger.run_name == "grpo-webshop-tiny-seed3-trial12"
+
+
+def test_command_line_overrides_win_over_the_sweep_file(tmp_path):
+    """`python -m progpo.sweep FILE -- experiment=fast_dev`: the experiment beats the file's trainer settings."""
+    spec = SweepSpec(study_name="s", output_dir=str(tmp_path),
+                     overrides=("credit=progpo", "schedule.max_iterations=30", "eval.every=5",
+                                "optim.lr=3e-6", "credit.k_sem=7"))
+    file_only = trial_config(spec, {}, number=0)
+    assert (file_only.schedule.max_iterations, file_only.eval.every) == (30, 5)
+
+    cfg = trial_config(spec, {}, number=0, extra=["experiment=fast_dev", "credit.k_sem=2"])
+    validate_config(cfg)
+    assert (cfg.schedule.max_iterations, cfg.eval.every) == (1, 1)  # fast_dev's values
+    assert (cfg.env.n_train, cfg.rollout.tasks_per_batch) == (12, 2)  # the rest of fast_dev
+    assert cfg.credit.k_sem == 2  # a key=value after `--` beats the same key in the file
+    assert cfg.optim.lr == 3e-6  # keys the command line leaves alone keep the file's value
+    assert cfg.credit._target_ == "progpo.credit.ProGPO"
+
+    sampled = trial_config(spec, {"credit.k_sem": 4}, number=1, extra=["credit.k_sem=2"])
+    assert sampled.credit.k_sem == 4  # the sampled value is applied last
+
+
 def _has_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -91,3 +117,20 @@ def _has_module(name: str) -> bool:
 def test_joblib_launcher_composes_with_an_experiment():
     _, hydra_node = _compose("experiment=compare_methods", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     assert "JoblibLauncher" in hydra_node.launcher._target_ and hydra_node.launcher.n_jobs == 2
+
+
+@pytest.mark.parametrize(
+    ("experiment", "subdir_choice"),
+    [("compare_methods", "runtime.choices.credit"), ("ablation_transition", "runtime.choices.ablation")],
+)
+def test_experiment_multirun_writes_under_its_own_folder(experiment, subdir_choice):
+    """The experiment file's `hydra.sweep` wins over conf/config.yaml's (config.yaml lists `_self_` first)."""
+    _, hydra_node = _compose(f"experiment={experiment}")
+    sweep_dir = Path(hydra_node.sweep.dir)
+    assert sweep_dir.parent == Path("outputs/multirun") / experiment, sweep_dir
+    assert subdir_choice in OmegaConf.to_container(hydra_node.sweep)["subdir"]
+
+
+def test_plain_multirun_keeps_the_default_folder():
+    _, hydra_node = _compose()
+    assert Path(hydra_node.sweep.dir).parent == Path("outputs/multirun")

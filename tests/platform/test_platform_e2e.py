@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlflow
@@ -47,6 +49,7 @@ def test_multirun_2x2_then_report(tmp_path):
     for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
         assert run.info.status == "FINISHED"
+        assert run.info.run_name == f"{tags['method']}-webshop-tiny-seed{tags['seed']}"  # readable and distinct
         assert tags["group"] == str(sweep_dir) and tags["env"] == "webshop" and tags["model"] == "tiny"
         assert tags["git_commit"] == head
         assert run.data.params["schedule.max_iterations"] == "1"
@@ -112,9 +115,49 @@ def test_sweep_failure_resume_and_two_processes(tmp_path):
         run = runs[trial.user_attrs["mlflow_run_id"]]
         assert run.data.tags["optuna.study_name"] == "e2e"
         assert run.data.tags["optuna.trial_number"] == str(trial.number)
+        assert run.info.run_name == f"progpo-webshop-tiny-seed0-trial{trial.number}"
         assert run.data.tags["optuna.state"] == trial.state.name
         assert run.info.status == {COMPLETE: "FINISHED", PRUNED: "KILLED", FAIL: "FAILED"}[trial.state]
         if trial.state == COMPLETE:
             assert float(run.data.params["credit.lambda_tr"]) == pytest.approx(trial.params["credit.lambda_tr"])
             assert run.data.metrics["val/success"] == pytest.approx(trial.value)
     assert "lambda_fb" in runs[study.trials[0].user_attrs["mlflow_run_id"]].data.tags["error"]
+
+
+@pytest.mark.slow
+def test_sigkilled_run_is_not_finished_and_the_report_leaves_it_out(tmp_path):
+    """kill -9 after iteration 1's checkpoint: the MLflow run is RUNNING (not FINISHED), the report marks it KILLED
+    and leaves it out; `resume=true` continues the same run, which ends FINISHED."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "progpo.train", "experiment=fast_dev", *SMALL, "logger=mlflow",
+            f"logger.tracking_uri={uri}", "logger.experiment_name=killed", f"run_dir={run_dir}",
+            "schedule.max_iterations=3", "eval.every=10", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    first = run_dir / "checkpoints" / "iter-0001.ckpt"
+    deadline = time.monotonic() + 600
+    try:
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert run.info.status == "RUNNING"  # the start-of-run validate's teardown did not finish it
+    assert run.info.run_name == "progpo-webshop-tiny-seed0"
+    assert 0 in [m.step for m in client.get_metric_history(run.info.run_id, "val/success")]  # the start value
+
+    with pytest.raises(ValueError, match=r"no FINISHED training runs \(left out 1 run\(s\).*1 KILLED"):
+        make_report("killed", tmp_path / "report", tracking_uri=uri, upload=False)
+    assert client.get_run(run.info.run_id).info.status == "KILLED"  # its process is gone
+
+    _run(["-m", "progpo.train", *args[3:], "resume=true"], cwd=tmp_path)
+    (resumed,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    assert make_report("killed", tmp_path / "report", tracking_uri=uri, upload=False).n_runs == 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -11,6 +13,8 @@ import pytest
 from mlflow.entities import Metric
 
 from progpo.report import ema, main, make_report
+from progpo.tracking import PROCESS_TAG
+from progpo.tracking.run_info import process_id
 
 TYPES = ("pick_and_place_simple", "pick_two_obj_and_place")
 
@@ -120,3 +124,26 @@ def test_cli_errors_name_the_problem(store, tmp_path, capsys):
     assert main(["--experiment", "cmp", "--tracking-uri", uri, "--group", "g", "--no-upload",
                  "--out", str(tmp_path / "y")]) == 0
     assert "Table 1: final held-out success" in capsys.readouterr().out
+
+
+def test_unfinished_runs_are_left_out_counted_and_dead_ones_marked_killed(store, tmp_path, capsys):
+    uri, client = store
+    experiment = client.get_experiment_by_name("cmp").experiment_id
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_tag = process_id(dead.pid)  # a process of this host that ends below
+    dead.wait(timeout=30)
+    killed = _log_run(client, experiment, "progpo", 7, 0.1, status="RUNNING")
+    client.set_tag(killed, PROCESS_TAG, dead_tag)
+    live = _log_run(client, experiment, "grpo", 8, 0.1, status="RUNNING")
+    client.set_tag(live, PROCESS_TAG, process_id())  # this very process: still training
+    elsewhere = _log_run(client, experiment, "grpo", 9, 0.1, status="RUNNING")
+    client.set_tag(elsewhere, PROCESS_TAG, "another-host/1/1.00")
+
+    assert main(["--experiment", "cmp", "--tracking-uri", uri, "--no-upload", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "from 4 FINISHED run(s); left out 4 run(s) that did not finish: 2 RUNNING" in out
+    assert "1 KILLED (killed or pruned" in out and "1 FAILED (raised an error)" in out
+    assert client.get_run(killed).info.status == "KILLED"  # its process is gone
+    assert client.get_run(live).info.status == client.get_run(elsewhere).info.status == "RUNNING"
+    table = (tmp_path / "r" / "table1_success.md").read_text()
+    assert "| alfworld | progpo | 2 |" in table  # seeds 0 and 1 only: the killed run's start value is not "final"

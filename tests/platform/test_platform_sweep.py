@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import mlflow
 import optuna
 import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -16,6 +21,7 @@ from progpo.algo.iteration import EvalResult
 from progpo.sweep import (
     OptunaTrialCallback,
     PrunerSpec,
+    SamplerSpec,
     SweepSpecError,
     create_study,
     load_spec,
@@ -228,3 +234,137 @@ def test_two_processes_on_postgresql_stop_at_n(postgres_url):
     assert [t.number for t in study.trials] == list(range(8))
     assert all(t.state == COMPLETE for t in study.trials)
     assert sorted(int(out.split("RAN")[-1]) for out, _ in outputs)[0] >= 1
+
+
+# A worker process: `python -c SEEDED_WORKER STORAGE N_TRIALS [HANG_AT]`. TPE seeded 0 (the sweep files' default) in
+# its random start-up; trial HANG_AT first links a real MLflow run (like a trainer trial), writes `hanging-<n>` and
+# hangs until killed.
+SEEDED_WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from dataclasses import asdict
+    from pathlib import Path
+    import mlflow
+    from progpo.sweep import TrainerObjective, run_sweep, spec_from_mapping
+
+    storage, n_trials = sys.argv[1], int(sys.argv[2])
+    hang_at = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+    spec = spec_from_mapping({"study_name": "seeded", "storage": storage, "n_trials": n_trials, "heartbeat_s": 2,
+                              "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 50},
+                              "pruner": {"type": "none"},
+                              "search_space": {"credit.lambda_tr": {"type": "float", "low": 0.0, "high": 1.0},
+                                               "credit.history": {"type": "int", "low": 0, "high": 1000}}})
+
+    def objective(trial):
+        x = trial.suggest_float("credit.lambda_tr", 0.0, 1.0)
+        trial.suggest_int("credit.history", 0, 1000)
+        if trial.number == hang_at:
+            uri = "sqlite:///" + str(Path("mlflow.db").resolve())
+            client = mlflow.MlflowClient(uri)
+            run = client.create_run(client.create_experiment("seeded"), run_name=f"trial{trial.number}")
+            trial.set_user_attr("mlflow_tracking_uri", uri)
+            trial.set_user_attr("mlflow_run_id", run.info.run_id)
+            Path(f"hanging-{trial.number}").write_text(run.info.run_id)
+            time.sleep(3600)
+        time.sleep(0.3)
+        return x
+
+    result = run_sweep(spec, objective, after_killed=TrainerObjective(spec).after_killed)
+    print("RESULT" + json.dumps(asdict(result)))
+    """
+)
+
+
+def _worker(tmp_path: Path, storage: str, n_trials: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SEEDED_WORKER, storage, str(n_trials), *extra], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _result(proc: subprocess.Popen, timeout: float = 240) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.split("RESULT", 1)[1])
+
+
+def _points(storage: str) -> list[tuple[float, int]]:
+    study = optuna.load_study(study_name="seeded", storage=storage)
+    return [(t.params["credit.lambda_tr"], t.params["credit.history"]) for t in study.trials]
+
+
+@pytest.mark.slow
+def test_seeded_workers_and_a_continued_study_never_repeat_a_point(tmp_path):
+    """Two workers started together, then a third process continuing the study: all in TPE's random start-up."""
+    storage = f"sqlite:///{tmp_path / 'seeded.db'}"
+    optuna.create_study(study_name="seeded", storage=storage, direction="maximize")  # no table-creation race
+    ran = [_result(p)["ran_here"] for p in [_worker(tmp_path, storage, 6), _worker(tmp_path, storage, 6)]]
+    assert sum(ran) == 6 and min(ran) >= 1  # both workers ran trials
+    assert _result(_worker(tmp_path, storage, 9))["ran_here"] == 3  # continued by a new process
+    points = _points(storage)
+    assert len(points) == 9 and len(set(points)) == 9, points
+
+    # Seeds follow trial numbers, not processes: one process on a fresh storage draws the same nine points.
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert _result(_worker(tmp_path, fresh, 9))["ran_here"] == 9
+    assert _points(fresh) == points
+
+
+def test_per_trial_seeds_differ_and_do_not_depend_on_the_process():
+    from progpo.sweep import PerTrialSeedSampler, trial_seed
+
+    assert len({trial_seed(0, n) for n in range(1000)} | {trial_seed(1, n) for n in range(1000)}) == 2000
+    sampler = SamplerSpec(type="random", seed=7).build()
+    assert isinstance(sampler, PerTrialSeedSampler)
+    assert not isinstance(SamplerSpec(type="random", seed=None).build(), PerTrialSeedSampler)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_killed_trial_is_failed_retried_and_does_not_count(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'seeded.db'}"
+    optuna.create_study(study_name="seeded", storage=storage, direction="maximize")
+    worker = _worker(tmp_path, storage, 2, "1")  # trial 0 completes, trial 1 hangs
+    try:
+        _wait_for(tmp_path / "hanging-1", worker)
+        time.sleep(2.5)  # at least one heartbeat recorded
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+    run_id = (tmp_path / "hanging-1").read_text()
+    time.sleep(5.5)  # past the grace period (2 x heartbeat_s = 4 s; sqlite's clock has whole seconds)
+
+    result = _result(_worker(tmp_path, storage, 2))  # the same n_trials: the killed trial must not count
+    study = optuna.load_study(study_name="seeded", storage=storage)
+    states = [t.state for t in study.trials]
+    assert states == [COMPLETE, FAIL, COMPLETE], states
+    assert study.trials[2].params == study.trials[1].params  # the killed point was run again
+    assert study.trials[2].system_attrs["failed_trial"] == 1
+    assert (result["n_trials"], result["ran_here"], result["retried"]) == (2, 1, 1)
+    run = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["optuna.state"] == "FAIL"
+
+
+@pytest.mark.slow
+def test_a_live_workers_running_trial_is_not_failed(tmp_path):
+    """Heartbeats tell a live worker from a dead one: a second invocation leaves a long trial of a live one alone."""
+    storage = f"sqlite:///{tmp_path / 'seeded.db'}"
+    optuna.create_study(study_name="seeded", storage=storage, direction="maximize")
+    slow = _worker(tmp_path, storage, 1, "0")  # trial 0 hangs (a long trial) while its worker lives
+    try:
+        _wait_for(tmp_path / "hanging-0", slow)
+        time.sleep(5.0)  # longer than the grace period (4 s): only the heartbeats keep it alive
+        result = _result(_worker(tmp_path, storage, 2))
+        assert slow.poll() is None
+        study = optuna.load_study(study_name="seeded", storage=storage)
+        assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING, COMPLETE]
+        assert (result["ran_here"], result["retried"]) == (1, 0)
+    finally:
+        os.killpg(slow.pid, signal.SIGKILL)
+        slow.wait(timeout=30)

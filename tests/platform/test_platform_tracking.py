@@ -12,10 +12,12 @@ import pandas as pd
 import pytest
 import yaml
 from hydra.utils import instantiate
+from lightning.pytorch.demos.boring_classes import BoringModel
 from omegaconf import OmegaConf
 from platform_helpers import free_port
 
 from progpo.tracking import (
+    EXPERIMENT_KIND_TAG,
     KIND_TAG,
     ProGPOMLFlowLogger,
     TrackingUnavailableError,
@@ -24,6 +26,7 @@ from progpo.tracking import (
     log_figure,
     log_trajectories,
     make_logger,
+    run_status,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +73,7 @@ def test_new_run_records_params_tags_and_config(tmp_path):
 
     logger.log_metrics({"train/success": 0.25}, step=1)
     logger.log_metrics({"train/success": 0.5}, step=2)
-    logger.finalize("success")
+    logger.end_run("FINISHED")
     history = client.get_metric_history(logger.run_id, "train/success")
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5)]
     assert client.get_run(logger.run_id).info.status == "FINISHED"
@@ -149,7 +152,7 @@ def test_resume_continues_the_same_run(tmp_path):
     assert second.run_id == first.run_id
     assert client.get_run(first.run_id).info.status == "RUNNING"
     second.log_metrics({"train/success": 0.2}, step=2)
-    second.finalize("success")
+    second.end_run("FINISHED")
     history = client.get_metric_history(first.run_id, "train/success")
     assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2)]
     artifacts = [a.path for a in client.list_artifacts(first.run_id, "config")]
@@ -213,7 +216,7 @@ def test_logging_to_a_real_mlflow_server(tmp_path, mlflow_server_uri):
     logger = make_logger(_cfg(), tracking_uri=mlflow_server_uri, experiment_name="served", group="srv", **_fast())
     logger.log_metrics({"val/success": 0.75}, step=3)
     log_trajectories(logger, [{"prompt": "p", "response": "r", "action": "a", "valid": True, "reward": 1.0}], 3)
-    logger.finalize("success")
+    logger.end_run("FINISHED")
     client = mlflow.MlflowClient(mlflow_server_uri)
     run = client.get_run(logger.run_id)
     assert run.info.status == "FINISHED"
@@ -228,7 +231,96 @@ def test_tracking_store_on_postgresql(postgres_url):
     uri = f"{postgres_url}/mlflow"
     logger = make_logger(_cfg(), tracking_uri=uri, experiment_name="pg", **_fast())
     logger.log_metrics({"val/success": 0.5}, step=1)
-    logger.finalize("success")
+    logger.end_run("FINISHED")
     run = mlflow.MlflowClient(uri).get_run(logger.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["val/success"] == 0.5
     assert run.data.params["credit.history"] == "2"
+
+
+# ----------------------------------------------------------------------------------------------- run status
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+class _RaisingModel(BoringModel):
+    def training_step(self, batch, batch_idx):
+        raise _Boom("training blew up")
+
+
+def _trainer(logger, **kwargs):
+    import lightning as L
+
+    return L.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, logger=logger,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     num_sanity_val_steps=0, **kwargs)
+
+
+def test_status_follows_the_runs_life_not_lightnings_teardown(tmp_path):
+    """Lightning calls finalize("success") after every validate and fit: the run stays RUNNING until end_run."""
+    uri = _uri(tmp_path)
+    client = mlflow.MlflowClient(uri)
+    logger = make_logger(_cfg(), tracking_uri=uri, experiment_name="life", **_fast())
+    model = BoringModel()
+    _trainer(logger).validate(model, verbose=False)  # the start-of-run evaluation
+    assert client.get_run(logger.run_id).info.status == "RUNNING"
+    _trainer(logger).fit(model)
+    assert client.get_run(logger.run_id).info.status == "RUNNING"
+    with run_status(logger):
+        _trainer(logger).validate(model, verbose=False)  # the final evaluation
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+
+
+def test_a_run_that_raises_is_failed_with_its_error(tmp_path):
+    uri = _uri(tmp_path)
+    logger = make_logger(_cfg(), tracking_uri=uri, experiment_name="life", **_fast())
+    with pytest.raises(_Boom), run_status(logger):
+        _trainer(logger).fit(_RaisingModel())
+    run = mlflow.MlflowClient(uri).get_run(logger.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"] == "_Boom: training blew up"
+
+
+def test_an_interrupted_run_is_killed_and_none_logger_is_a_noop(tmp_path):
+    uri = _uri(tmp_path)
+    logger = make_logger(_cfg(), tracking_uri=uri, experiment_name="life", **_fast())
+    with pytest.raises(SystemExit), run_status(logger):
+        raise SystemExit(1)  # what Lightning raises after Ctrl+C or SIGTERM
+    assert mlflow.MlflowClient(uri).get_run(logger.run_id).info.status == "KILLED"
+    with run_status(None):
+        pass
+    with pytest.raises(ValueError, match="status must be one of FINISHED, FAILED, KILLED"):
+        logger.end_run("DONE")
+
+
+def test_runs_are_named_after_the_config_and_distinct(tmp_path):
+    uri = _uri(tmp_path)
+    names = []
+    for seed in (0, 1):
+        cfg = _cfg(seed=seed, run_name=f"progpo-alfworld-tiny-seed{seed}")
+        names.append(mlflow.MlflowClient(uri).get_run(
+            make_logger(cfg, tracking_uri=uri, experiment_name="names", **_fast()).run_id).info.run_name)
+    assert names == ["progpo-alfworld-tiny-seed0", "progpo-alfworld-tiny-seed1"]
+    explicit = make_logger(_cfg(run_name="x"), tracking_uri=uri, experiment_name="names", run_name="mine", **_fast())
+    assert mlflow.MlflowClient(uri).get_run(explicit.run_id).info.run_name == "mine"  # logger.run_name wins
+
+
+def test_artifacts_stay_with_the_sqlite_store_and_the_experiment_is_classic_ml(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # MLflow's own default would be ./mlruns here
+    uri = _uri(tmp_path)
+    logger = make_logger(_cfg(), tracking_uri=uri, experiment_name="my exp/1", **_fast())
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(logger.run_id)
+    store = tmp_path / "store"
+    assert run.info.artifact_uri.startswith((store / "mlartifacts" / "my_exp_1").as_uri())
+    assert (store / "mlartifacts" / "my_exp_1" / run.info.run_id / "artifacts" / "config" / "config.yaml").is_file()
+    assert not (work / "mlruns").exists()
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+    old = client.create_experiment("made elsewhere")  # e.g. by an older version: gets the tag on first use
+    make_logger(_cfg(), tracking_uri=uri, experiment_name="made elsewhere", **_fast())
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"

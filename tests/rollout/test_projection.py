@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import re
+import time
+
 import pytest
 
 from progpo.rollout.projection import ProjectedAction, normalize_action, project_action
@@ -49,3 +53,50 @@ def test_text_is_never_executed():
 
 def test_normalize():
     assert normalize_action('  "Go  to\tX 1" ') == "go to x 1"
+
+
+# ---------------------------------------------------------------------------------------- linear-time extraction
+
+_REFERENCE_RE = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+_PIECES = ("<action>", "</action>", "<ACTION>", "</Action>", "<action", "action>", "</", "<", ">", "/", "a", "go to",
+           " ", "\n", "cabinet 1")
+
+
+def reference_project(text: str, admissible) -> ProjectedAction:
+    """The original projection with its regex extraction (quadratic on unclosed tags): the specification."""
+    matches = _REFERENCE_RE.findall(text)
+    if not matches:
+        return ProjectedAction(action=None, valid=False)
+    raw = matches[-1]
+    key = normalize_action(raw)
+    if not admissible:
+        return ProjectedAction(action=re.sub(r"\s+", " ", raw).strip(), valid=True) if key else ProjectedAction(raw, False)
+    for command in admissible:
+        if normalize_action(command) == key:
+            return ProjectedAction(action=command, valid=True)
+    return ProjectedAction(action=raw, valid=False)
+
+
+@pytest.mark.parametrize("admissible", [ADMISSIBLE, ()])
+def test_projection_equals_the_regex_version_on_random_texts(admissible):
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 30)))
+        assert project_action(text, admissible) == reference_project(text, admissible), repr(text)
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        ("", ProjectedAction(None, False)),
+        ("cut at max_new_tokens", ProjectedAction(None, False)),
+        ("</action> <action>go to cabinet 1</action>", ProjectedAction("go to cabinet 1", True)),
+    ],
+)
+def test_many_unclosed_action_tags_take_linear_time(tail, expected):
+    text = "<action>" * 100_000 + tail  # the regex version took over 60 s on this
+    started = time.perf_counter()
+    projected = project_action(text, ADMISSIBLE)
+    elapsed = time.perf_counter() - started
+    assert projected == expected
+    assert elapsed < 2.0, f"{elapsed:.2f}s for 100,000 unclosed <action> tags"
