@@ -65,26 +65,31 @@ def no_logger(cfg: DictConfig | None = None, run_id: str | None = None) -> None:
     return None
 
 
-def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None]:
-    """Validate, name the run, find its checkpoint, seed: everything before the first slow object."""
+def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]:
+    """Validate, name the run, check its checkpoint, seed: everything before the first slow object.
+
+    Every bad input (config, missing or unreadable checkpoint, GPU asked for without CUDA) fails here with a
+    :class:`ConfigError`, before anything is built or written.
+    """
     typed = validate_config(cfg)  # fails fast, before any model or environment is built
     quiet_lightning()
-    import lightning as L
-    import torch
-
-    if typed.trainer.uses_cuda and not torch.cuda.is_available():
-        raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
     run_dir = resolve_run_dir(cfg)
     with open_dict(cfg):
         cfg.run_dir = str(run_dir)
         cfg.run_name = cfg.get("run_name") or default_run_name(cfg)
     ckpt = find_resume_checkpoint(cfg, run_dir)
+    run_id = stored_run_id(ckpt)  # reads the checkpoint: an empty or corrupt one fails here, naming the file
+    import lightning as L
+    import torch
+
+    if typed.trainer.uses_cuda and not torch.cuda.is_available():
+        raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
     run_dir.mkdir(parents=True, exist_ok=True)
     if typed.torch_threads:
         torch.set_num_threads(typed.torch_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     save_or_compare_config(cfg, run_dir / "config.yaml", resuming=ckpt is not None)
-    return typed, run_dir, ckpt
+    return typed, run_dir, ckpt, run_id
 
 
 def _build_rollout(cfg: DictConfig, typed: RunConfig, suite, policy) -> tuple[Any, Any]:
@@ -107,9 +112,8 @@ def _build_rollout(cfg: DictConfig, typed: RunConfig, suite, policy) -> tuple[An
 
 def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
     """Everything one run needs, built in the order that fails fastest; nothing is trained yet."""
-    typed, run_dir, ckpt = _prepare(cfg)
+    typed, run_dir, ckpt, run_id = _prepare(cfg)
     with open_dict(cfg):
-        run_id = stored_run_id(ckpt)
         if run_id and "run_id" in cfg.logger:
             cfg.logger.run_id = run_id
     logger = build_with(cfg.logger, cfg=cfg)  # checks the tracking store before anything slow is built
@@ -128,7 +132,13 @@ def _build_parts(cfg: DictConfig, typed: RunConfig, run_dir: Path, ckpt: Path | 
 
     from progpo.algo import RLIteration
     from progpo.algo.scoring import pad_token_id
-    from progpo.lit.callbacks import IterationCheckpoint, IterationProgressBar, RunRecord, TrajectoryTable
+    from progpo.lit.callbacks import (
+        AtomicCheckpointIO,
+        IterationCheckpoint,
+        IterationProgressBar,
+        RunRecord,
+        TrajectoryTable,
+    )
     from progpo.lit.datamodule import RolloutDataModule
     from progpo.lit.module import ProGPOModule
     from progpo.models import make_reference
@@ -157,6 +167,7 @@ def _build_parts(cfg: DictConfig, typed: RunConfig, run_dir: Path, ckpt: Path | 
                    IterationCheckpoint(run_dir / "checkpoints", every=typed.schedule.ckpt_every),
                    TrajectoryTable(typed.schedule.log_trajectories_every, policy.tokenizer), *callbacks],
         enable_checkpointing=False,
+        plugins=[AtomicCheckpointIO()],
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(run_dir),

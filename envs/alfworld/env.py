@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from envs.base import SUCCESS_REWARD, Observation, StepInfo, Task
 
@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 TASK_PREFIX = "Your task is to: "
 NOTHING_HAPPENS = "Nothing happens."
-INVALID_ACTION_MODES = ("stay", "pass")
+InvalidAction = Literal["stay", "pass"]
+INVALID_ACTION_MODES = get_args(InvalidAction)
 
 
 def normalize_command(text: str) -> str:

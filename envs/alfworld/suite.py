@@ -15,22 +15,23 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from envs.alfworld.env import AlfWorldEnvFactory
+from envs.alfworld.env import AlfWorldEnvFactory, InvalidAction
 from envs.alfworld.games import EVAL_SELECTION_SEED, find_games, select
 from envs.alfworld.generate import GENERATOR_VERSION, TASK_TYPES, SceneParams, generate
 from envs.base import EnvSuite, cache_root, tasks_fingerprint
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("generated", "official")
+Source = Literal["generated", "official"]  # start-up validation reads the choices off this annotation
+SOURCES = get_args(Source)
 OFFICIAL_ROOT = "json_2.1.1"
 OFFICIAL_EVAL_SPLITS = ("valid_seen", "valid_unseen", "valid_train")
 
 
 def make_suite(
-    source: str = "generated",
+    source: Source = "generated",
     data_dir: str | None = None,
     n_train: int = 200,
     n_eval: int = 60,
@@ -38,7 +39,7 @@ def make_suite(
     task_types: Sequence[str] = TASK_TYPES,
     max_steps: int = 50,
     invalid_penalty: float = 0.1,
-    invalid_action: str = "stay",
+    invalid_action: InvalidAction = "stay",
     eval_split: str = "valid_unseen",
     scene: Mapping[str, Any] | None = None,
 ) -> EnvSuite:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import typing
 from dataclasses import fields
 from typing import Any
 
@@ -81,8 +82,9 @@ def check_component(node: DictConfig | dict | None, key: str, runtime_kwargs: tu
     target = data.get("_target_")
     if not target:
         raise ConfigError(f"{key} has no _target_; it must name the class or function that builds it")
-    _, sig = _target_params(target, key)
+    obj, sig = _target_params(target, key)
     params = sig.parameters
+    choices = _literal_choices(obj)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for name, value in data.items():
         if name.startswith("_") and name.endswith("_"):
@@ -93,6 +95,17 @@ def check_component(node: DictConfig | dict | None, key: str, runtime_kwargs: tu
         if name in _COMMON_RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
             predicate, allowed_range = _COMMON_RANGES[name]
             require(predicate(value), f"{key}.{name}", allowed_range, value)
+        if name in choices:
+            require(value in choices[name], f"{key}.{name}", f"one of {', '.join(map(str, choices[name]))}", value)
+
+
+def _literal_choices(obj: Any) -> dict[str, tuple[Any, ...]]:
+    """Parameters of ``obj`` annotated ``Literal[...]`` and their allowed values (checked before building)."""
+    try:
+        hints = typing.get_type_hints(obj.__init__ if inspect.isclass(obj) else obj)
+    except Exception:  # unresolvable annotations: nothing to check here, the target checks its own values
+        return {}
+    return {name: typing.get_args(h) for name, h in hints.items() if typing.get_origin(h) is typing.Literal}
 
 
 def check_credit(node: DictConfig) -> None:

@@ -3,7 +3,8 @@ training, ``{"result": EvalResult}`` from validation), never the module's attrib
 
 - ``RunRecord``: every logged row, the start and latest held-out evaluation, ``metrics.jsonl``; in the checkpoint.
 - ``IterationProgressBar``: one tick per iteration with the latest train and held-out success.
-- ``IterationCheckpoint``: ``last.ckpt`` after every iteration (atomic), ``iter-XXXX.ckpt`` every N.
+- ``IterationCheckpoint``: ``last.ckpt`` after every iteration, ``iter-XXXX.ckpt`` every N (both atomic, through
+  ``AtomicCheckpointIO``).
 - ``TrajectoryTable``: sampled turns with their credit to the logger every N iterations.
 """
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from tqdm.auto import tqdm
 
 from progpo.lit.module import finite
@@ -134,15 +137,37 @@ class IterationProgressBar(L.Callback):
             self.bar = None
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to ``<name>.tmp`` beside the target, flushed to disk, then renamed over it.
+
+    A crash or SIGKILL mid-write leaves the previous checkpoint intact and no file outside the checkpoint folder
+    (Lightning's own atomic save stages the file in the system temp directory, where a killed write stays).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as fh:
+            torch.save(checkpoint, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+
 class IterationCheckpoint(L.Callback):
-    """``last.ckpt`` after every iteration (written atomically), ``iter-XXXX.ckpt`` every ``every`` iterations,
-    and the checkpoint's location as a logger tag. A crash or SIGKILL mid-iteration therefore loses at most the
-    iteration in progress."""
+    """``last.ckpt`` after every iteration, ``iter-XXXX.ckpt`` every ``every`` iterations, and the checkpoint's
+    location as a logger tag. A crash or SIGKILL mid-iteration therefore loses at most the iteration in progress;
+    writes are atomic (``AtomicCheckpointIO``), and a write killed half-way is cleaned up at the next start."""
 
     def __init__(self, dirpath: Path, every: int) -> None:
         self.dirpath = Path(dirpath)
         self.every = every
         self.iteration = 0
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        for stale in self.dirpath.glob("*.ckpt.tmp"):
+            stale.unlink()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         result = _result(outputs)
@@ -152,11 +177,8 @@ class IterationCheckpoint(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         from progpo.tracking import log_checkpoint
 
-        self.dirpath.mkdir(parents=True, exist_ok=True)
         last = self.dirpath / "last.ckpt"
-        tmp = self.dirpath / "last.ckpt.tmp"
-        trainer.save_checkpoint(str(tmp), weights_only=False)
-        os.replace(tmp, last)
+        trainer.save_checkpoint(str(last), weights_only=False)
         if self.iteration % self.every == 0:
             periodic = self.dirpath / f"iter-{self.iteration:04d}.ckpt"
             trainer.save_checkpoint(str(periodic), weights_only=False)

@@ -241,7 +241,7 @@ def test_two_processes_on_postgresql_stop_at_n(postgres_url):
 # hangs until killed.
 SEEDED_WORKER = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     from dataclasses import asdict
     from pathlib import Path
     import mlflow
@@ -249,6 +249,11 @@ SEEDED_WORKER = textwrap.dedent(
 
     storage, n_trials = sys.argv[1], int(sys.argv[2])
     hang_at = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+    together = int(sys.argv[4]) if len(sys.argv) > 4 else 1  # workers that must have started before any trial
+    Path(f"started-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(Path().glob("started-*"))) < together and time.monotonic() < deadline:
+        time.sleep(0.1)
     spec = spec_from_mapping({"study_name": "seeded", "storage": storage, "n_trials": n_trials, "heartbeat_s": 2,
                               "sampler": {"type": "tpe", "seed": 0, "n_startup_trials": 50},
                               "pruner": {"type": "none"},
@@ -297,7 +302,8 @@ def test_seeded_workers_and_a_continued_study_never_repeat_a_point(tmp_path):
     """Two workers started together, then a third process continuing the study: all in TPE's random start-up."""
     storage = f"sqlite:///{tmp_path / 'seeded.db'}"
     optuna.create_study(study_name="seeded", storage=storage, direction="maximize")  # no table-creation race
-    ran = [_result(p)["ran_here"] for p in [_worker(tmp_path, storage, 6), _worker(tmp_path, storage, 6)]]
+    pair = [_worker(tmp_path, storage, 6, "-1", "2"), _worker(tmp_path, storage, 6, "-1", "2")]  # start together
+    ran = [_result(p)["ran_here"] for p in pair]
     assert sum(ran) == 6 and min(ran) >= 1  # both workers ran trials
     assert _result(_worker(tmp_path, storage, 9))["ran_here"] == 3  # continued by a new process
     points = _points(storage)
