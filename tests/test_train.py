@@ -101,3 +101,26 @@ def test_sigkill_then_resume_continues_at_next_iteration(tmp_path):
     final = torch.load(last, map_location="cpu", weights_only=False)
     assert final["progpo"]["iterations_done"] == 3
     assert final["RolloutDataModule"] == {"iterations_done": 3}  # the task stream continued where it stopped
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
+    """Stop after iteration 1, resume to 2: iteration 2 plays the same tasks with the same RNG state, so on CPU
+    its metrics equal the uninterrupted run's (tolerance 1e-6: float round-off, nothing else may differ)."""
+    common = ["ppo.skip_zero_advantage=false", "ppo.entropy_coef=0.01", "eval.every=1", "torch_threads=1"]
+    straight = tmp_path / "straight"
+    train(_cfg(straight, "schedule.max_iterations=2", *common))
+    resumed = tmp_path / "resumed"
+    train(_cfg(resumed, "schedule.max_iterations=1", *common))
+    train(_cfg(resumed, "schedule.max_iterations=2", "resume=true", *common))
+
+    def iteration(path: Path, step: int) -> dict:
+        rows = [r for r in _rows(path / "run" / "metrics.jsonl") if "train/success" in r and r["step"] == step]
+        assert len(rows) == 1
+        return rows[0]
+
+    a, b = iteration(straight, 2), iteration(resumed, 2)
+    compared = [k for k in a if not k.startswith("perf/")]  # timings differ, everything else must not
+    assert {"train/steps", "train/success", "loss/policy", "loss/kl", "train/advantage_abs_mean"} <= set(compared)
+    for key in compared:
+        assert b[key] == pytest.approx(a[key], abs=1e-6), key

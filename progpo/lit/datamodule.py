@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from envs.base import EnvSuite, Task
@@ -60,16 +61,24 @@ class RolloutDataModule(L.LightningDataModule):
         return IterationTasks(iterations_done=self.iterations_done, tasks=list(self.suite.eval_tasks))
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_OnDemand(self.train_batch), batch_size=None, num_workers=0, collate_fn=_identity)
+        return _loader(self.train_batch)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(_OnDemand(self.eval_batch), batch_size=None, num_workers=0, collate_fn=_identity)
+        return _loader(self.eval_batch)
 
     def state_dict(self) -> dict[str, Any]:
         return {"iterations_done": self.iterations_done}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.iterations_done = int(state_dict["iterations_done"])
+
+
+def _loader(produce: Callable[[], IterationTasks]) -> DataLoader:
+    # Its own generator: every iterator a DataLoader starts draws a seed from it, and drawing from torch's global
+    # RNG instead would shift the sampling stream by however many times Lightning starts one (differently on a
+    # resumed run than on an uninterrupted one).
+    return DataLoader(_OnDemand(produce), batch_size=None, num_workers=0, collate_fn=_identity,
+                      generator=torch.Generator())
 
 
 def _identity(x):

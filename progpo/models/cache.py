@@ -7,6 +7,7 @@ for the same model build it once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,7 +37,8 @@ def cached_build(kind: str, params: dict[str, Any], build: Callable[[Path], dict
     """Return the folder for ``params``, calling ``build(tmp_dir)`` to fill it if it is not cached yet.
 
     ``build`` writes everything into the folder it gets and returns a JSON-serialisable summary, stored
-    next to the parameters in ``progpo-build.json``.
+    next to the parameters in ``progpo-build.json``. It runs with the global RNG states saved and restored, so a
+    run that builds its model draws the same random numbers afterwards as a run that finds it cached.
     """
     root = cache_root() / "models"
     root.mkdir(parents=True, exist_ok=True)
@@ -52,7 +54,8 @@ def cached_build(kind: str, params: dict[str, Any], build: Callable[[Path], dict
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
-            summary = build(tmp)
+            with _rng_kept():
+                summary = build(tmp)
             (tmp / COMPLETE).write_text(
                 json.dumps({"params": params, "summary": summary}, indent=2, default=str)
             )
@@ -62,3 +65,19 @@ def cached_build(kind: str, params: dict[str, Any], build: Callable[[Path], dict
             raise
     log.info("built %s model into %s", kind, final)
     return final
+
+
+@contextlib.contextmanager
+def _rng_kept():
+    """torch (CPU and CUDA), numpy and Python RNG states as they were before the block."""
+    import random
+
+    import numpy as np
+    import torch
+
+    py, npy = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(py)
+    np.random.set_state(npy)
