@@ -271,13 +271,6 @@ class ProGPOMLFlowLogger(MLFlowLogger):
         self.call("end run", self.client.set_terminated, self.run_id, status)
 
     @override
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        """Record where the newest checkpoint is (a tag: params cannot change during a run)."""
-        super().after_save_checkpoint(checkpoint_callback)
-        path = getattr(checkpoint_callback, "last_model_path", "") or getattr(checkpoint_callback, "best_model_path", "")
-        if path:
-            self.set_tags({"checkpoint_path": str(Path(path).resolve())})
-
     def log_config(self, cfg: Any, artifact_file: str = "config/config.yaml") -> None:
         """The resolved config as a YAML artifact (the complete record; params are a flattened, clipped view)."""
         text = OmegaConf.to_yaml(OmegaConf.create(to_container(cfg)))
