@@ -62,45 +62,7 @@ def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep]
             raise TypeError(f"{type(env).__name__} has no expert_action(): the warm start needs an ExpertEnv")
         for episode in tqdm(range(cfg.n_episodes), desc="expert demos", leave=False, mininterval=5):
             task = suite.train_tasks[episode % len(suite.train_tasks)]
-            obs = env.reset(task)
-            past: list[tuple[str, str]] = []
-            seen: dict[str, None] = {}  # commands admissible earlier in the episode (ordered, no duplicates)
-            for _ in range(max_steps):
-                expert = env.expert_action()
-                if expert is None:
-                    break
-                label = _canonical(expert, obs.admissible_actions)
-                if label is None:
-                    stats.skipped_inadmissible += 1
-                    label = expert
-                else:
-                    demos.append(
-                        DemoStep(
-                            obs.task_description,
-                            obs.text,
-                            tuple(obs.admissible_actions),
-                            tuple(past),
-                            label,
-                            episode,
-                        )
-                    )
-                action = label
-                admissible = set(obs.admissible_actions)
-                stale = [a for a in seen if a not in admissible]
-                others = [a for a in obs.admissible_actions if a != label]
-                draw = rng.random()
-                if stale and draw < cfg.invalid_noise:
-                    action = rng.choice(stale)
-                    stats.invalid_steps += 1
-                elif others and draw < cfg.invalid_noise + cfg.action_noise:
-                    action = rng.choice(others)
-                    stats.noisy_steps += 1
-                seen.update(dict.fromkeys(obs.admissible_actions))
-                past.append((obs.text, action))
-                obs, _reward, done, info = env.step(action)
-                if done:
-                    stats.won += int(info.won)
-                    break
+            _play_episode(env, task, episode, max_steps, cfg, rng, demos, stats)
             stats.episodes += 1
     finally:
         env.close()
@@ -111,6 +73,48 @@ def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep]
             stats.skipped_inadmissible,
         )
     return demos, stats
+
+
+def _play_episode(env, task, episode: int, max_steps: int, cfg: WarmStartConfig, rng: random.Random,
+                  demos: list[DemoStep], stats: DemoStats) -> None:
+    """One expert episode: label every state with the expert's command, execute it or a noisy one."""
+    obs = env.reset(task)
+    past: list[tuple[str, str]] = []
+    seen: dict[str, None] = {}  # commands admissible earlier in the episode (ordered, no duplicates)
+    for _ in range(max_steps):
+        expert = env.expert_action()
+        if expert is None:
+            break
+        label = _canonical(expert, obs.admissible_actions)
+        if label is None:
+            stats.skipped_inadmissible += 1
+            label = expert
+        else:
+            demos.append(DemoStep(obs.task_description, obs.text, tuple(obs.admissible_actions), tuple(past),
+                                  label, episode))
+        action = _executed_action(label, obs.admissible_actions, seen, cfg, rng, stats)
+        seen.update(dict.fromkeys(obs.admissible_actions))
+        past.append((obs.text, action))
+        obs, _reward, done, info = env.step(action)
+        if done:
+            stats.won += int(info.won)
+            break
+
+
+def _executed_action(label: str, admissible: Sequence[str], seen: dict[str, None], cfg: WarmStartConfig,
+                     rng: random.Random, stats: DemoStats) -> str:
+    """The expert's ``label``, or (with the configured noise) a stale command or another admissible one."""
+    now = set(admissible)
+    stale = [a for a in seen if a not in now]
+    others = [a for a in admissible if a != label]
+    draw = rng.random()
+    if stale and draw < cfg.invalid_noise:
+        stats.invalid_steps += 1
+        return rng.choice(stale)
+    if others and draw < cfg.invalid_noise + cfg.action_noise:
+        stats.noisy_steps += 1
+        return rng.choice(others)
+    return label
 
 
 def response_text(action: str) -> str:
