@@ -1,0 +1,128 @@
+"""``make_report``: read the runs, write the tables and figures, attach them to the experiment's report run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from progpo.report.figures import credit_figure, success_figure
+from progpo.report.records import RunRecord, describe_left_out, load_runs
+from progpo.report.tables import credit_table, final_table, to_csv, to_markdown
+from progpo.tracking.mlflow_logger import KIND_TAG
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where the report went."""
+
+    out_dir: Path
+    tables: list[Path]
+    figures: list[Path]
+    n_runs: int
+    report_run_id: str | None
+    left_out: dict[str, int] = field(default_factory=dict)  # training runs not in the report, by MLflow status
+
+
+def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str) -> tuple[list[Path], list[Path]]:
+    """Write tables (Markdown + CSV) and figures (PNG) for ``records`` into ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections = [f"# Report: MLflow experiment `{experiment}`", "",
+                f"{len(records)} runs; cells are mean (sample std over seeds) in percent.", ""]
+    tables = _write_tables(_table_specs(records), out_dir, sections)
+    figures = _write_figures(records, out_dir, sections)
+    (out_dir / "report.md").write_text("\n".join(sections))
+    tables.insert(0, out_dir / "report.md")
+    return tables, figures
+
+
+TableSpec = tuple[str, str, str, tuple[list[str], list[dict[str, Any]]]]  # file stem, title, note, (columns, rows)
+
+
+def _table_specs(records: Sequence[RunRecord]) -> list[TableSpec]:
+    """Tables 1 and 2, and Table 3 when some runs carry an ``ablation`` tag."""
+    specs = [
+        ("table1_success", "Table 1: final held-out success", "Last `val/success*` of each run.",
+         final_table(records, "val/")),
+        ("table2_credit", "Table 2: credit diagnostics", "Mean over iterations of the `credit/*` shares "
+         "(peer-zero before transition credit, still-zero after composition).", credit_table(records)),
+    ]
+    if any(r.ablation for r in records):
+        specs.append(("table3_ablation", "Table 3: transition-credit ablations (training rollouts)",
+                      "Last `train/success*` of each run, per ablation variant.",
+                      final_table([r for r in records if r.ablation], "train/")))
+    return specs
+
+
+def _write_tables(specs: Sequence[TableSpec], out_dir: Path, sections: list[str]) -> list[Path]:
+    """Each table as ``<stem>.md`` and ``<stem>.csv``; its Markdown is appended to ``sections``."""
+    tables: list[Path] = []
+    for stem, title, note, (columns, rows) in specs:
+        markdown = to_markdown(title, note, columns, rows)
+        (out_dir / f"{stem}.md").write_text(markdown)
+        to_csv(out_dir / f"{stem}.csv", columns, rows)
+        tables += [out_dir / f"{stem}.md", out_dir / f"{stem}.csv"]
+        sections.append(markdown)
+    return tables
+
+
+def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:
+    """Figures 4 and 5 of every env as PNG; a link to each is appended to ``sections``."""
+    import matplotlib.pyplot as plt
+
+    figures: list[Path] = []
+    for env in sorted({r.env for r in records}):
+        env_records = [r for r in records if r.env == env]
+        for stem, build in (("fig4_success", success_figure), ("fig5_credit", credit_figure)):
+            fig = build(env_records, env)
+            path = out_dir / f"{stem}_{env}.png"
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            figures.append(path)
+            sections.append(f"![{stem} {env}]({path.name})\n")
+    return figures
+
+
+def attach_to_mlflow(client: Any, experiment: str, out_dir: Path) -> str:
+    """Log ``out_dir`` as artifacts of the experiment's ``report`` run (created once, then reused)."""
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'report'", max_results=1)
+    if runs:
+        run_id = runs[0].info.run_id
+    else:
+        run_id = client.create_run(found.experiment_id, run_name="report", tags={KIND_TAG: "report"}).info.run_id
+    client.log_artifacts(run_id, str(out_dir), "report")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def make_report(
+    experiment: str,
+    out_dir: str | Path | None = None,
+    tracking_uri: str | None = None,
+    group: str | None = None,
+    all_runs: bool = False,
+    upload: bool = True,
+) -> ReportFiles:
+    """Read the experiment's runs from MLflow and write (and attach) the report."""
+    from mlflow import MlflowClient
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
+    client = MlflowClient(uri)
+    records, left_out = load_runs(client, experiment, group=group, all_runs=all_runs)
+    if not records:
+        raise ValueError(
+            f"experiment {experiment!r} has no {'' if all_runs else 'FINISHED '}training runs"
+            f"{f' in group {group!r}' if group else ''} ({describe_left_out(left_out)})"
+        )
+    out = Path(out_dir) if out_dir else Path("outputs") / "reports" / experiment
+    tables, figures = write_report(records, out, experiment)
+    run_id = attach_to_mlflow(client, experiment, out) if upload else None
+    return ReportFiles(out_dir=out, tables=tables, figures=figures, n_runs=len(records), report_run_id=run_id,
+                       left_out=left_out)
