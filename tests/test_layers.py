@@ -28,6 +28,10 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
+# Entry points at the top of the house (``python -m progpo.<name>``): they may import any layer.
+ENTRY_POINTS = {"progpo.sweep", "progpo.report"}
+
+
 def _package(module: str) -> str | None:
     """The layer a dotted module name belongs to (the longest ALLOWED key it starts with)."""
     matches = [p for p in ALLOWED if module == p or module.startswith(p + ".")]
@@ -60,5 +64,5 @@ def test_no_import_runs_back_up_a_layer():
 
 def test_the_layer_map_covers_every_package():
     packages = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "progpo").rglob("__init__.py")}
-    unmapped = sorted(p for p in packages - {"progpo"} if _package(p) is None)
+    unmapped = sorted(p for p in packages - {"progpo"} - ENTRY_POINTS if _package(p) is None)
     assert not unmapped, f"add these packages to ALLOWED: {unmapped}"
