@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared helpers (processes.py) for every test folder
 
 
 @pytest.fixture(scope="session")

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from processes import kill_when
 
 from progpo.train import train
 
@@ -65,23 +64,13 @@ def test_sigkill_then_resume_continues_at_next_iteration(tmp_path):
     args = [sys.executable, "-m", "progpo.train", "experiment=fast_dev", "logger=none", f"run_dir={run_dir}",
             "schedule.max_iterations=3", "eval.every=10", f"hydra.run.dir={tmp_path / 'hydra'}"]
     env = dict(os.environ)
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     last = run_dir / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 600
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if last.exists() and torch.load(last, map_location="cpu", weights_only=False)["progpo"][
-                "iterations_done"
-            ] >= 1:
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    def iteration_saved() -> bool:
+        return last.exists() and torch.load(last, map_location="cpu", weights_only=False)["progpo"][
+            "iterations_done"] >= 1
+
+    kill_when(args, tmp_path, env, iteration_saved)
     state = torch.load(last, map_location="cpu", weights_only=False)
     done_at_kill = state["progpo"]["iterations_done"]
     assert 1 <= done_at_kill < 3

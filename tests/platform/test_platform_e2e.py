@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
 import optuna
 import pytest
 import yaml
+from processes import kill_when
 
 from progpo.report import make_report
 
@@ -134,19 +133,8 @@ def test_sigkilled_run_is_not_finished_and_the_report_leaves_it_out(tmp_path):
             f"logger.tracking_uri={uri}", "logger.experiment_name=killed", f"run_dir={run_dir}",
             "schedule.max_iterations=3", "eval.every=10", f"hydra.run.dir={tmp_path / 'hydra'}"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     first = run_dir / "checkpoints" / "iter-0001.ckpt"
-    deadline = time.monotonic() + 600
-    try:
-        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    kill_when(args, tmp_path, env, first.exists)
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
     assert run.info.status == "RUNNING"  # the start-of-run validate's teardown did not finish it
