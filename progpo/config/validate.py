@@ -28,10 +28,11 @@ from progpo.config.groups import (
     TrainerConfig,
     require,
 )
+from progpo.warmstart.config import WarmStartConfig
 
 TOP_LEVEL_KEYS = {
     "env", "model", "credit", "rollout", "optim", "ppo", "eval", "schedule", "trainer", "logger", "seed",
-    "objective", "resume", "ckpt_path", "run_name", "run_dir", "ablation", "torch_threads",
+    "objective", "resume", "ckpt_path", "run_name", "run_dir", "ablation", "torch_threads", "warm_start",
 }
 TYPED_GROUPS = {"trainer": TrainerConfig, "ppo": PPOConfig, "eval": EvalConfig, "schedule": ScheduleConfig,
                 "rollout": RolloutConfig}
@@ -55,7 +56,8 @@ def _typed_group(cfg: DictConfig, name: str, schema: type) -> Any:
     if node is None:
         raise ConfigError(f"config group '{name}' is missing; choose one with {name}=<option>")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        # resolved first: interpolations such as ${seed} point at the run config, not at this detached group
+        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(node, resolve=True))
     except ConfigKeyError as err:
         bad = getattr(err, "key", None) or _first_quoted(str(err))
         allowed = ", ".join(f.name for f in fields(schema))
@@ -63,8 +65,11 @@ def _typed_group(cfg: DictConfig, name: str, schema: type) -> Any:
     except ValidationError as err:
         bad = getattr(err, "key", None) or _first_quoted(str(err))
         raise ConfigError(f"{name}.{bad} has the wrong type: {err.msg}") from None
-    obj = OmegaConf.to_object(merged)
-    obj.check()
+    try:
+        obj = OmegaConf.to_object(merged)
+        obj.check()
+    except ValueError as err:  # a dataclass that checks itself on construction (warm_start) raises ValueError
+        raise ConfigError(str(err)) from None
     return obj
 
 
@@ -134,6 +139,7 @@ def validate_config(cfg: DictConfig) -> RunConfig:
     if threads is not None:
         require(isinstance(threads, int) and threads >= 1, "torch_threads", "an integer >= 1 or null", threads)
     typed = {name: _typed_group(cfg, name, schema) for name, schema in TYPED_GROUPS.items()}
+    _typed_group(cfg, "warm_start", WarmStartConfig)  # checked for every model, read by model=tiny only
     check_credit(cfg.credit)
     check_component(cfg.env, "env")
     check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))

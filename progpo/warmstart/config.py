@@ -1,4 +1,4 @@
-"""Settings of the supervised warm start (``model.warm_start.*``)."""
+"""Settings of the supervised warm start (``conf/warm_start``; ``model=tiny`` reads it as ``model.warm_start``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start on expert demos (``model.warm_start.*``).
+    """Supervised warm start on expert demos (``conf/warm_start``; ``model=tiny`` reads it as ``model.warm_start``).
 
     n_episodes: expert episodes on training tasks (cycling through ``suite.train_tasks``); 0 = no warm start.
     epochs: passes over the demo steps.
@@ -33,16 +33,20 @@ class WarmStartConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the ``warm_start.*`` key that is out of range."""
         if self.n_episodes < 0:
-            raise ValueError(f"model.warm_start.n_episodes must be >= 0, got {self.n_episodes}")
+            raise ValueError(f"warm_start.n_episodes must be >= 0, got {self.n_episodes}")
         if self.epochs < 0 or self.batch_size <= 0:
-            raise ValueError("model.warm_start.epochs must be >= 0 and batch_size > 0")
+            raise ValueError("warm_start.epochs must be >= 0 and batch_size > 0")
         if not self.lr > 0:
-            raise ValueError(f"model.warm_start.lr must be > 0, got {self.lr}")
+            raise ValueError(f"warm_start.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.action_noise < 1.0:
-            raise ValueError(f"model.warm_start.action_noise must be in [0, 1), got {self.action_noise}")
+            raise ValueError(f"warm_start.action_noise must be in [0, 1), got {self.action_noise}")
         if not 0.0 <= self.invalid_noise < 1.0 or self.action_noise + self.invalid_noise >= 1.0:
             raise ValueError(
-                "model.warm_start.invalid_noise must be in [0, 1) with action_noise + invalid_noise < 1, "
+                "warm_start.invalid_noise must be in [0, 1) with action_noise + invalid_noise < 1, "
                 f"got {self.invalid_noise}"
             )
