@@ -126,6 +126,15 @@ def check_credit(node: DictConfig) -> None:
         raise ConfigError(f"invalid {where}: {message}") from None
 
 
+def preflight_model(node: DictConfig) -> None:
+    """Call the model builder's ``preflight`` hook, if it has one, with the model's keys (e.g. ``build_hf``:
+    are the weights on disk or reachable?). It raises ``FileNotFoundError`` naming the field to set."""
+    target, _ = _target_params(node._target_, "model")
+    hook = getattr(target, "preflight", None)
+    if hook is not None:
+        hook(**{k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")})
+
+
 def validate_config(cfg: DictConfig) -> RunConfig:
     """Validate the whole composed config; raise :class:`ConfigError` on the first problem."""
     unknown = sorted(set(cfg.keys()) - TOP_LEVEL_KEYS - {"hydra"})
@@ -140,9 +149,10 @@ def validate_config(cfg: DictConfig) -> RunConfig:
         require(isinstance(threads, int) and threads >= 1, "torch_threads", "an integer >= 1 or null", threads)
     typed = {name: _typed_group(cfg, name, schema) for name, schema in TYPED_GROUPS.items()}
     _typed_group(cfg, "warm_start", WarmStartConfig)  # checked for every model, read by model=tiny only
+    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
+    preflight_model(cfg.model)  # first: missing weights fail before the other components are even imported
     check_credit(cfg.credit)
     check_component(cfg.env, "env")
-    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     check_component(cfg.rollout.engine, "rollout.engine", runtime_kwargs=("policy",))
     check_component(cfg.optim, "optim", runtime_kwargs=("params",))
     check_component(cfg.logger, "logger", runtime_kwargs=("cfg",))
