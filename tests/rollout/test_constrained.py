@@ -106,3 +106,11 @@ def test_reasoning_budget_then_a_constrained_action_with_consistent_logprobs(tmp
     torch.testing.assert_close(teacher, torch.tensor([lp for row in gen.logprobs for lp in row]), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="reasoning_tokens"):
         HFEngine(policy, max_new_tokens=16, reasoning_tokens=16)
+
+
+def test_vllm_refuses_constrained_decoding_with_the_reason_and_the_fix(tiny_policy):
+    from progpo.rollout.engines.vllm_engine import VLLMEngine
+
+    # raised before vLLM is even imported, so this runs without vllm installed
+    with pytest.raises(ValueError, match=r"constrain_to_admissible=true is not supported with rollout=vllm.*rollout=hf"):
+        VLLMEngine(tiny_policy, constrain_to_admissible=True)
