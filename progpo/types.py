@@ -46,8 +46,9 @@ class Turn:
     valid: bool
     reward: float
     prompt_truncated: bool = False
-    # Constrained decoding: the token ids allowed at each response position (None: decoded freely).
-    allowed_token_ids: list[list[int]] | None = None
+    # Constrained decoding: the token ids allowed at each response position (None: decoded freely; a None
+    # position inside a list is a free one, e.g. reasoning before a constrained <action>).
+    allowed_token_ids: list[list[int] | None] | None = None
 
 
 @dataclass

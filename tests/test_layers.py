@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.tracking": set(),
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},
     "progpo.rollout": {"progpo.types", "progpo.masks", "envs"},
-    "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "envs"},
+    "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "envs"},
     "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.loss", "progpo.config"},
     "progpo.lit": {"progpo.algo", "progpo.types", "progpo.config", "progpo.tracking", "progpo.credit", "envs"},
 }

@@ -51,7 +51,8 @@ def first_of_each(turns: list[Turn]) -> list[int]:
     first: dict[tuple, int] = {}
     out = []
     for i, t in enumerate(turns):
-        allowed = tuple(map(tuple, t.allowed_token_ids)) if t.allowed_token_ids is not None else None
+        allowed = (tuple(tuple(a) if a is not None else None for a in t.allowed_token_ids)
+                   if t.allowed_token_ids is not None else None)
         out.append(first.setdefault((tuple(t.prompt_ids), tuple(t.response_ids), allowed), i))
     return out
 

@@ -8,6 +8,7 @@ from progpo.config.groups import (
     RunConfig,
     ScheduleConfig,
     TrainerConfig,
+    WarmStartConfig,
 )
 from progpo.config.validate import check_component, check_credit, validate_config
 
@@ -19,6 +20,7 @@ __all__ = [
     "RunConfig",
     "ScheduleConfig",
     "TrainerConfig",
+    "WarmStartConfig",
     "check_component",
     "check_credit",
     "validate_config",

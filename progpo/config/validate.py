@@ -19,11 +19,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from progpo.config.groups import TYPED_GROUPS, ConfigError, RunConfig, require
+from progpo.config.groups import TYPED_GROUPS, ConfigError, RunConfig, WarmStartConfig, require
 
 TOP_LEVEL_KEYS = {
     "env", "model", "credit", "rollout", "optim", "ppo", "eval", "schedule", "trainer", "logger", "seed",
-    "objective", "resume", "ckpt_path", "run_name", "run_dir", "ablation", "torch_threads",
+    "objective", "resume", "ckpt_path", "run_name", "run_dir", "ablation", "torch_threads", "warm_start",
 }
 
 
@@ -46,7 +46,8 @@ def _typed_group(cfg: DictConfig, name: str, schema: type) -> Any:
     if node is None:
         raise ConfigError(f"config group '{name}' is missing; choose one with {name}=<option>")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        # resolved first: interpolations such as ${seed} point at the run config, not at this detached group
+        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(node, resolve=True))
     except ConfigKeyError as err:
         bad = getattr(err, "key", None) or _first_quoted(str(err))
         allowed = ", ".join(f.name for f in fields(schema))
@@ -54,8 +55,11 @@ def _typed_group(cfg: DictConfig, name: str, schema: type) -> Any:
     except ValidationError as err:
         bad = getattr(err, "key", None) or _first_quoted(str(err))
         raise ConfigError(f"{name}.{bad} has the wrong type: {err.msg}") from None
-    obj = OmegaConf.to_object(merged)
-    obj.check()
+    try:
+        obj = OmegaConf.to_object(merged)
+        obj.check()
+    except ValueError as err:  # a dataclass that checks itself on construction (warm_start) raises ValueError
+        raise ConfigError(str(err)) from None
     return obj
 
 
@@ -124,6 +128,15 @@ def check_credit(node: DictConfig) -> None:
         raise ConfigError(f"invalid {where}: {message}") from None
 
 
+def preflight_model(node: DictConfig) -> None:
+    """Call the model builder's ``preflight`` hook, if it has one, with the model's keys (e.g. ``build_hf``:
+    are the weights on disk or reachable?). It raises ``FileNotFoundError`` naming the field to set."""
+    target, _ = _target_params(node._target_, "model")
+    hook = getattr(target, "preflight", None)
+    if hook is not None:
+        hook(**{k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")})
+
+
 def validate_config(cfg: DictConfig) -> RunConfig:
     """Validate the whole composed config; raise :class:`ConfigError` on the first problem."""
     unknown = sorted(set(cfg.keys()) - TOP_LEVEL_KEYS - {"hydra"})
@@ -137,9 +150,11 @@ def validate_config(cfg: DictConfig) -> RunConfig:
     if threads is not None:
         require(isinstance(threads, int) and threads >= 1, "torch_threads", "an integer >= 1 or null", threads)
     typed = {name: _typed_group(cfg, name, schema) for name, schema in TYPED_GROUPS.items()}
+    _typed_group(cfg, "warm_start", WarmStartConfig)  # checked for every model, read by model=tiny only
+    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
+    preflight_model(cfg.model)  # first: missing weights fail before the other components are even imported
     check_credit(cfg.credit)
     check_component(cfg.env, "env")
-    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     check_component(cfg.rollout.engine, "rollout.engine", runtime_kwargs=("policy",))
     check_component(cfg.optim, "optim", runtime_kwargs=("params",))
     check_component(cfg.logger, "logger", runtime_kwargs=("cfg",))

@@ -59,6 +59,7 @@ def build_smollm2(
     name: str = "smollm2-135m",
     max_context: int = 2048,
     dtype: str = "float32",
+    constrain_to_admissible: bool = True,
 ) -> Policy:
     """Load SmolLM2-135M-Instruct offline (``suite`` is unused: the model does not depend on the env).
 
@@ -66,6 +67,9 @@ def build_smollm2(
         device: where the model lives.
         max_context: longest prompt + response used (the model supports 8192).
         dtype: torch dtype name for the weights (float32 on CPU; bfloat16 on a GPU).
+        constrain_to_admissible: the HF engine decodes the ``<action>`` only over the admissible commands (a
+            135M model rarely spells a whole valid command: free decoding is invalid almost every step);
+            ``rollout.engine.constrain_to_admissible`` overrides it. vLLM decodes freely (see ``VLLMEngine``).
     """
     gguf = find_smollm2_gguf()
     params = {"gguf": gguf.name, "bytes": gguf.stat().st_size, "transformers": transformers.__version__}
@@ -76,4 +80,5 @@ def build_smollm2(
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype)).to(device)
     model.eval()
-    return Policy(model=model, tokenizer=tokenizer, name=name, max_context=max_context, source=str(folder))
+    return Policy(model=model, tokenizer=tokenizer, name=name, max_context=max_context, source=str(folder),
+                  constrain_to_admissible=constrain_to_admissible)

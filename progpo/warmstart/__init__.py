@@ -3,7 +3,7 @@
 Above ``models/`` and ``rollout/`` (it builds prompts as RL does and trains a model), below ``algo/``.
 """
 
-from progpo.warmstart.config import WarmStartConfig
+from progpo.config.groups import WarmStartConfig
 from progpo.warmstart.demos import DemoStats, DemoStep, collect_demos, response_text
 from progpo.warmstart.sft import length_bucketed_batches, supervised_finetune
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from envs.base import EnvSuite
+from progpo.config.groups import WarmStartConfig
 from progpo.rollout.projection import find_admissible
-from progpo.warmstart.config import WarmStartConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from progpo.config.groups import WarmStartConfig
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.rollout.prompt import PromptBuilder
-from progpo.warmstart.config import WarmStartConfig
 from progpo.warmstart.demos import DemoStep, response_text
 
 log = logging.getLogger(__name__)

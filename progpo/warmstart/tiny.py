@@ -18,12 +18,12 @@ import torch
 import transformers
 
 from envs.base import EnvSuite, tasks_fingerprint
+from progpo.config.groups import WarmStartConfig
 from progpo.models.cache import cached_build
 from progpo.models.tiny import check_reload, count_parameters, load_tiny, tiny_qwen2, train_tokenizer
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS
 from progpo.rollout.prompt import PROMPT_STYLES, PromptBuilder
 from progpo.types import Policy
-from progpo.warmstart.config import WarmStartConfig
 from progpo.warmstart.demos import DemoStep, collect_demos, response_text
 from progpo.warmstart.sft import supervised_finetune
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
+from toy_env import save_random_qwen2
 
 from progpo.loss import ppo_loss
-from progpo.models.hf import build_hf
+from progpo.models.hf import build_hf, hub_reachable
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.models.policy import make_reference
 from progpo.rollout.engines.hf_engine import HFEngine
@@ -16,6 +23,64 @@ from progpo.rollout.engines.vllm_engine import hf_weights_for_vllm
 def test_missing_offline_weights_name_the_fix():
     with pytest.raises(FileNotFoundError, match="model.path=/local/dir"):
         build_hf(hub_id="Qwen/not-a-cached-model", device="cpu", dtype="float32")
+
+
+REPO = Path(__file__).resolve().parents[2]
+CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens, a connect is refused at once
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """HF_HUB_OFFLINE unset, but the hub cannot be reached (what a machine without network looks like)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", CLOSED_PORT)
+    hub_reachable.cache_clear()
+    yield
+    hub_reachable.cache_clear()
+
+
+def test_unreachable_hub_fails_at_once_naming_model_path(unreachable_hub):
+    started = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match=r"cannot be reached.*model\.path=/local/dir"):
+        build_hf(hub_id="Qwen/Qwen2.5-1.5B-Instruct", device="cpu")
+    assert time.perf_counter() - started < 5  # one refused connect, no download retries
+
+
+def test_train_without_weights_stops_in_seconds_naming_model_path(unreachable_hub, tmp_path):
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "progpo.train", "model=qwen2.5-1.5b", "logger=none", f"run_dir={tmp_path}"],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - started
+    assert done.returncode != 0 and "model.path=/local/dir" in done.stderr, done.stderr[-3000:]
+    assert "Retrying" not in done.stderr and "building environment suite" not in done.stderr  # before the env
+    assert elapsed < 10, f"took {elapsed:.1f}s"
+
+
+def test_missing_local_path_names_the_field(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model.path=.*no config.json"):
+        build_hf(path=str(tmp_path), device="cpu")
+
+
+def test_random_qwen2_checkpoint_loads_in_bf16_with_checkpointing_and_lora(tmp_path):
+    pytest.importorskip("peft")
+    folder = save_random_qwen2(tmp_path / "qwen")
+    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "dropout": 0.0}
+    policy = build_hf(path=folder, name="qwen-local", device="cpu", dtype="bfloat16", max_context=1024, lora=lora)
+    model = policy.model
+    assert policy.source == folder and policy.tokenizer.padding_side == "left"
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" not in n} == {torch.bfloat16}  # peft keeps
+    # the adapters in float32
+    base = model.get_base_model()
+    assert getattr(base, "is_activation_checkpointing", None) or base.is_gradient_checkpointing
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    batch = pad_prompt_response([[5, 6, 7, 8]], [[9, 10]], policy.tokenizer.pad_token_id)
+    model.train()
+    out = forward_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
+    out.token_logprobs.sum().backward()  # through the checkpointed layers into the adapters
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_B" in n)
 
 
 def test_local_path_loads_with_gradient_checkpointing(tiny_policy):

@@ -160,7 +160,7 @@ def test_make_reference_is_a_frozen_copy(tiny_policy):
     "kwargs", [{"n_episodes": -1}, {"lr": 0.0}, {"action_noise": 1.0}, {"batch_size": 0}, {"epochs": -1}]
 )
 def test_warm_start_config_rejects_bad_values(kwargs):
-    with pytest.raises(ValueError, match="model.warm_start"):
+    with pytest.raises(ValueError, match=r"warm_start\."):
         WarmStartConfig(**kwargs)
 
 

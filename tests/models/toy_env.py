@@ -153,3 +153,21 @@ def make_test_tokenizer(vocab_size: int = 512):
             if done:
                 break
     return train_tokenizer(corpus, vocab_size=vocab_size, max_context=1024)
+
+
+def save_random_qwen2(folder) -> str:
+    """A randomly initialised Qwen2 checkpoint shaped like Qwen2.5 (grouped-query attention, biased q/k/v, tied
+    embeddings), with the test tokenizer, saved as a plain transformers folder: what ``model.path`` points at.
+    Head dim 32: vLLM's CPU attention has no kernel for 16."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = make_test_tokenizer()
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_hf_engine import _prompts
 
@@ -72,3 +73,44 @@ def test_constrained_logprobs_are_those_of_the_acting_policy(tiny_policy):
         assert bool((constrained.token_logprobs[row, span] >= free.token_logprobs[row, span] - 1e-6).all())
     # an unconstrained engine reports no allowed ids
     assert HFEngine(tiny_policy, constrain_to_admissible=False).generate(prompts[:1]).allowed_token_ids == [None]
+
+
+def test_reasoning_budget_then_a_constrained_action_with_consistent_logprobs(tmp_path):
+    from toy_env import save_random_qwen2
+
+    from progpo.models.hf import build_hf
+    from progpo.models.logprobs import forward_logprobs, pad_prompt_response
+
+    # A random model writes anything: its "reasoning" fills the budget, and the answer must still be admissible.
+    policy = build_hf(path=save_random_qwen2(tmp_path / "qwen"), device="cpu", dtype="float32",
+                      max_context=512, gradient_checkpointing=False)
+    tok = policy.tokenizer
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("you see a mug", "go on", "look around")]
+    options = [("look", "take mug 1 from table 1"), ("go to table 1",), ("inventory", "look")]
+    engine = HFEngine(policy, temperature=0.8, max_new_tokens=48, constrain_to_admissible=True, reasoning_tokens=12)
+    torch.manual_seed(0)
+    gen = engine.generate(prompts, admissible=options)
+    for text, ids, allowed, admissible in zip(gen.texts, gen.response_ids, gen.allowed_token_ids, options):
+        n_free = sum(a is None for a in allowed)
+        assert 0 < n_free <= 12 and all(a is None for a in allowed[:n_free])  # free thoughts first ...
+        answer = tok.decode(ids[n_free:], skip_special_tokens=True)
+        assert answer.startswith("<action>") and project_action(answer, admissible).valid  # ... then an action
+        assert project_action(text, admissible).valid
+    # The reported log-probs are those of the policy that acted: full softmax on the thoughts, renormalised over
+    # the allowed ids on the answer; the teacher-forced pass with the same allowed ids reproduces them.
+    batch = pad_prompt_response(prompts, gen.response_ids, tok.pad_token_id)
+    with torch.no_grad():
+        out = forward_logprobs(policy.model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                               temperature=0.8, allowed=gen.allowed_token_ids)
+    teacher = out.token_logprobs[batch.response_mask.bool()]
+    torch.testing.assert_close(teacher, torch.tensor([lp for row in gen.logprobs for lp in row]), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="reasoning_tokens"):
+        HFEngine(policy, max_new_tokens=16, reasoning_tokens=16)
+
+
+def test_vllm_refuses_constrained_decoding_with_the_reason_and_the_fix(tiny_policy):
+    from progpo.rollout.engines.vllm_engine import VLLMEngine
+
+    # raised before vLLM is even imported, so this runs without vllm installed
+    with pytest.raises(ValueError, match=r"constrain_to_admissible=true is not supported with rollout=vllm.*rollout=hf"):
+        VLLMEngine(tiny_policy, constrain_to_admissible=True)

@@ -31,7 +31,8 @@ def test_model_configs_match_their_builders(path):
     node = OmegaConf.load(path)
     if path.read_text().startswith("# @package _global_"):  # a model file that also sizes the run
         node = node.model
-    cfg = OmegaConf.create({"model": node, "seed": 0, "rollout": OmegaConf.load(CONF / "rollout" / "hf.yaml")})
+    cfg = OmegaConf.create({"model": node, "seed": 0, "rollout": OmegaConf.load(CONF / "rollout" / "hf.yaml"),
+                            "warm_start": OmegaConf.load(CONF / "warm_start" / "default.yaml")})
     check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     assert cfg.model.name == path.stem
 

@@ -19,14 +19,15 @@ class Generation:
     ``max_new_tokens`` long. ``logprobs[i][j]`` is the sampling log-prob of ``response_ids[i][j]``
     (temperature-scaled; greedy decoding reports temperature-1 log-probs). With constrained decoding,
     ``allowed_token_ids[i][j]`` lists the ids that were allowed at that position and ``logprobs`` are those of
-    the distribution renormalised over them; ``allowed_token_ids[i]`` is None for a freely decoded response.
+    the distribution renormalised over them (None at a free position, e.g. reasoning before the constrained
+    ``<action>``); ``allowed_token_ids[i]`` is None for a freely decoded response.
     """
 
     response_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     n_generated_tokens: int = 0
-    allowed_token_ids: list[list[list[int]] | None] = field(default_factory=list)
+    allowed_token_ids: list[list[list[int] | None] | None] = field(default_factory=list)
 
 
 @runtime_checkable

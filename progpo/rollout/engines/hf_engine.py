@@ -17,6 +17,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS, DEFAULT_STOP, Generation, check_sampling
 from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_sequences
+from progpo.rollout.projection import ACTION_OPEN
 from progpo.types import Policy
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,11 @@ class HFEngine:
         constrain_to_admissible: decode only answers ``<action>cmd</action>`` with ``cmd`` admissible (when
             the collector passes the admissible commands); reported log-probs are then those of the model's
             distribution renormalised over the allowed ids (``Generation.allowed_token_ids``). None (default) =
-            the policy's own preference (``model=tiny``: on; pretrained models: off, the paper's setup).
+            the policy's own preference (``model=tiny`` and ``smollm2-135m``: on; Qwen: off, the paper's setup).
+        reasoning_tokens: with constrained decoding, up to this many freely sampled tokens first (the paper
+            prompt's ``<think>`` part; it ends early where the model writes ``<action>``), then the constrained
+            ``<action>cmd</action>`` with the rest of ``max_new_tokens``. Free positions train on the full
+            distribution, constrained ones on the renormalised one. 0 = the answer is constrained from its first token.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class HFEngine:
         batch_size: int = 64,
         stop: Sequence[str] = DEFAULT_STOP,
         constrain_to_admissible: bool | None = None,
+        reasoning_tokens: int = 0,
     ) -> None:
         check_sampling(temperature, top_p, top_k, max_new_tokens)
         if constrain_to_admissible is None:
@@ -102,6 +108,12 @@ class HFEngine:
         self.constrain_to_admissible = bool(constrain_to_admissible)
         if batch_size <= 0:
             raise ValueError(f"rollout.engine.batch_size must be > 0, got {batch_size}")
+        if not 0 <= reasoning_tokens < max_new_tokens:
+            raise ValueError(
+                f"rollout.engine.reasoning_tokens must be in [0, max_new_tokens={max_new_tokens}) so that the "
+                f"constrained <action> has room, got {reasoning_tokens}"
+            )
+        self.reasoning_tokens = int(reasoning_tokens)
         self.policy = policy
         self.temperature = float(temperature)
         self.top_p = float(top_p)
@@ -113,9 +125,9 @@ class HFEngine:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.eos_ids = eos_token_ids(tok, policy.model)
 
-    def _config(self, greedy: bool, temperature: float) -> GenerationConfig:
+    def _config(self, greedy: bool, temperature: float, max_new_tokens: int) -> GenerationConfig:
         common = dict(
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
             return_dict_in_generate=True,
@@ -168,7 +180,8 @@ class HFEngine:
                     if self.constrain_to_admissible and admissible is not None:
                         tok = self.policy.tokenizer
                         allowed = [allowed_sequences(tok, admissible[i], self.eos_ids[0]) for i in rows]
-                    batch = self._generate_batch([prompts[i] for i in rows], greedy, temperature, allowed)
+                    generate = self._generate_reasoned if allowed and self.reasoning_tokens else self._generate_batch
+                    batch = generate([prompts[i] for i in rows], greedy, temperature, allowed)
                     for row, result in zip(rows, batch):
                         results[row] = result
         finally:
@@ -185,12 +198,43 @@ class HFEngine:
             allowed_token_ids=[r[2] for r in results],
         )
 
+    def _generate_reasoned(
+        self, prompts: list[list[int]], greedy: bool, temperature: float, allowed: list[list[list[int]] | None]
+    ) -> list[tuple[list[int], list[float], list[list[int] | None] | None]]:
+        """Free reasoning (up to ``reasoning_tokens``, cut before ``<action>``), then the constrained answer.
+
+        Rows whose commands cannot be enumerated (``allowed[i]`` is None) are decoded freely in one call."""
+        out: list = [None] * len(prompts)
+        free = [i for i, options in enumerate(allowed) if options is None]
+        if free:
+            for i, result in zip(free, self._generate_batch([prompts[i] for i in free], greedy, temperature)):
+                out[i] = result
+        rows = [i for i, options in enumerate(allowed) if options is not None]
+        thoughts = self._generate_batch([prompts[i] for i in rows], greedy, temperature, None,
+                                        self.reasoning_tokens, (ACTION_OPEN,))
+        kept = [self._before_action(ids) for ids, _, _ in thoughts]
+        answers = self._generate_batch([prompts[i] + ids for i, ids in zip(rows, kept)], greedy, temperature,
+                                       [allowed[i] for i in rows], self.max_new_tokens - self.reasoning_tokens)
+        for i, ids, (_, lps, _), (answer, answer_lps, positions) in zip(rows, kept, thoughts, answers):
+            out[i] = (ids + answer, lps[: len(ids)] + answer_lps, [None] * len(ids) + positions)
+        return out
+
+    def _before_action(self, ids: list[int]) -> list[int]:
+        """The free tokens up to (not including) the one that starts writing ``<action>``, without eos."""
+        tok = self.policy.tokenizer
+        n = len(ids)
+        while n and (ids[n - 1] in self.eos_ids or ACTION_OPEN in tok.decode(ids[:n])):
+            n -= 1
+        return ids[:n]
+
     def _generate_batch(
         self,
         prompts: list[list[int]],
         greedy: bool,
         temperature: float,
         allowed: list[list[list[int]] | None] | None = None,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
     ) -> list[tuple[list[int], list[float], list[list[int]] | None]]:
         model = self.policy.model
         device = next(model.parameters()).device
@@ -200,12 +244,13 @@ class HFEngine:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
-        tracker = _StopTracker(self.policy.tokenizer, self.stop, self.eos_ids, width, len(prompts))
+        stop = self.stop if stop is None else tuple(stop)
+        tracker = _StopTracker(self.policy.tokenizer, stop, self.eos_ids, width, len(prompts))
         trie = AdmissibleTrie(allowed, width, self.eos_ids[0]) if allowed is not None else None
         out = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            generation_config=self._config(greedy, temperature),
+            generation_config=self._config(greedy, temperature, max_new_tokens or self.max_new_tokens),
             stopping_criteria=StoppingCriteriaList([tracker]),
             logits_processor=LogitsProcessorList([trie] if trie is not None else []),
         )

@@ -54,6 +54,20 @@ def hf_weights_for_vllm(model) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor.detach()
 
 
+def check_free_decoding(constrain_to_admissible: bool | None, policy: Policy) -> None:
+    """vLLM decodes freely: raise for an explicit request to constrain, warn when the policy would prefer it."""
+    if constrain_to_admissible:
+        raise ValueError(
+            "rollout.engine.constrain_to_admissible=true is not supported with rollout=vllm: vLLM's structured "
+            "outputs do not report the ids each position allowed, so the trained log-probs could not be those of "
+            "the policy that sampled. Use rollout=hf for constrained decoding, or set "
+            "rollout.engine.constrain_to_admissible=null (free decoding, the paper's setup)"
+        )
+    if constrain_to_admissible is None and policy.constrain_to_admissible:
+        log.warning("%s prefers constrained decoding, but rollout=vllm decodes freely (invalid commands are "
+                    "penalised by the env); rollout=hf decodes only admissible commands", policy.name)
+
+
 class VLLMEngine:
     """vLLM ``LLM`` colocated with the trainer.
 
@@ -69,6 +83,12 @@ class VLLMEngine:
         stop: strings that end a response (included in it).
         enable_prefix_caching: re-use KV blocks of shared prompt prefixes (reset after each weight sync).
         max_num_seqs: cap on sequences per vLLM step (None = vLLM's default).
+        constrain_to_admissible: must not be true: vLLM decodes freely. Its structured outputs (a choice or
+            regex grammar) accept every tokenization of the allowed strings and do not report which ids each
+            position allowed, so the trainer could not renormalise its log-probs over the ids the sampler allowed
+            (``progpo/rollout/engines/constrained.py``): sampler and trainer would be different policies. None
+            (default) decodes freely even for a policy that prefers constrained decoding (a warning says so);
+            use rollout=hf for constrained decoding.
 
     Log-probs are vLLM's ``processed_logprobs`` (after temperature, top-k and top-p): with the default
     top_p=1, top_k=0 they equal the HF engine's and ``forward_logprobs(..., temperature=T)``.
@@ -88,8 +108,10 @@ class VLLMEngine:
         stop: Sequence[str] = DEFAULT_STOP,
         enable_prefix_caching: bool = True,
         max_num_seqs: int | None = None,
+        constrain_to_admissible: bool | None = None,
     ) -> None:
         check_sampling(temperature, top_p, top_k, max_new_tokens)
+        check_free_decoding(constrain_to_admissible, policy)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(
                 f"rollout.engine.gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
