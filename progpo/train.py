@@ -18,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from progpo.config import ConfigError, RunConfig, validate_config
+from progpo.config import ConfigError, RunConfig, preflight_model, validate_config
 from progpo.runs import (
     default_run_name,
     find_resume_checkpoint,
@@ -68,6 +68,7 @@ def no_logger(cfg: DictConfig | None = None, run_id: str | None = None) -> None:
 def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None]:
     """Validate, name the run, find its checkpoint, seed: everything before the first slow object."""
     typed = validate_config(cfg)  # fails fast, before any model or environment is built
+    preflight_model(cfg.model)  # missing weights: seconds, not a minute of hub retries after the env is built
     quiet_lightning()
     import lightning as L
     import torch

@@ -9,7 +9,7 @@ from progpo.config.groups import (
     ScheduleConfig,
     TrainerConfig,
 )
-from progpo.config.validate import check_component, check_credit, validate_config
+from progpo.config.validate import check_component, check_credit, preflight_model, validate_config
 
 __all__ = [
     "ConfigError",
@@ -21,5 +21,6 @@ __all__ = [
     "TrainerConfig",
     "check_component",
     "check_credit",
+    "preflight_model",
     "validate_config",
 ]
