@@ -18,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from progpo.config import ConfigError, RunConfig, validate_config
+from progpo.config import ConfigError, RunConfig, preflight_model, validate_config
 from progpo.runs import (
     default_run_name,
     find_resume_checkpoint,
@@ -72,6 +72,7 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     :class:`ConfigError`, before anything is built or written.
     """
     typed = validate_config(cfg)  # fails fast, before any model or environment is built
+    preflight_model(cfg.model)  # missing weights: seconds, not a minute of hub retries after the env is built
     quiet_lightning()
     run_dir = resolve_run_dir(cfg)
     with open_dict(cfg):

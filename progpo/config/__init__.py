@@ -10,7 +10,7 @@ from progpo.config.groups import (
     TrainerConfig,
     WarmStartConfig,
 )
-from progpo.config.validate import check_component, check_credit, validate_config
+from progpo.config.validate import check_component, check_credit, preflight_model, validate_config
 
 __all__ = [
     "ConfigError",
@@ -23,5 +23,6 @@ __all__ = [
     "WarmStartConfig",
     "check_component",
     "check_credit",
+    "preflight_model",
     "validate_config",
 ]

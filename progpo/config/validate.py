@@ -130,11 +130,16 @@ def check_credit(node: DictConfig) -> None:
 
 def preflight_model(node: DictConfig) -> None:
     """Call the model builder's ``preflight`` hook, if it has one, with the model's keys (e.g. ``build_hf``:
-    are the weights on disk or reachable?). It raises ``FileNotFoundError`` naming the field to set."""
+    are the weights on disk or reachable?); a missing file becomes a :class:`ConfigError` naming the field to set
+    (exit code 2). Not part of ``validate_config`` (a config is valid on a machine without the weights); ``train``
+    runs it right after."""
     target, _ = _target_params(node._target_, "model")
     hook = getattr(target, "preflight", None)
     if hook is not None:
-        hook(**{k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")})
+        try:
+            hook(**{k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")})
+        except FileNotFoundError as err:
+            raise ConfigError(str(err)) from None
 
 
 def validate_config(cfg: DictConfig) -> RunConfig:
@@ -150,11 +155,10 @@ def validate_config(cfg: DictConfig) -> RunConfig:
     if threads is not None:
         require(isinstance(threads, int) and threads >= 1, "torch_threads", "an integer >= 1 or null", threads)
     typed = {name: _typed_group(cfg, name, schema) for name, schema in TYPED_GROUPS.items()}
-    _typed_group(cfg, "warm_start", WarmStartConfig)  # checked for every model, read by model=tiny only
-    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
-    preflight_model(cfg.model)  # first: missing weights fail before the other components are even imported
     check_credit(cfg.credit)
+    _typed_group(cfg, "warm_start", WarmStartConfig)  # checked for every model, read by model=tiny only
     check_component(cfg.env, "env")
+    check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     check_component(cfg.rollout.engine, "rollout.engine", runtime_kwargs=("policy",))
     check_component(cfg.optim, "optim", runtime_kwargs=("params",))
     check_component(cfg.logger, "logger", runtime_kwargs=("cfg",))
