@@ -218,11 +218,9 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> tuple[dict[str, flo
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from progpo.tracking import TrackingUnavailableError
-
     try:
         metrics, _ = train(cfg)
-    except (ConfigError, TrackingUnavailableError) as err:
+    except ConfigError as err:  # includes an unusable tracking store (TrackingUnavailableError)
         log.error("invalid configuration: %s", err)
         raise SystemExit(2) from None
     return metrics.get(cfg.objective)

@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.loss": set(),
     "progpo.credit": set(),
     "progpo.config": set(),
-    "progpo.tracking": set(),
+    "progpo.tracking": {"progpo.config"},
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},
     "progpo.rollout": {"progpo.types", "progpo.masks", "envs"},
     "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "envs"},

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 from typing_extensions import override
 
+from progpo.config.groups import ConfigError
 from progpo.tracking.retry import RetryPolicy, call_with_retry
 from progpo.tracking.run_info import (
     MAX_TAG_VALUE_LENGTH,
@@ -52,8 +53,8 @@ EXPERIMENT_KIND = "custom_model_development"
 RUN_END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
-class TrackingUnavailableError(RuntimeError):
-    """The tracking store cannot be used at start (unreachable server, bad URI, missing run)."""
+class TrackingUnavailableError(ConfigError, RuntimeError):
+    """The tracking store cannot be used at start (unreachable server, bad URI, missing run): bad input, exit 2."""
 
 
 def _sqlite_path(uri: str) -> Path | None:
