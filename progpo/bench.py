@@ -1,5 +1,8 @@
 """Benchmarks, run as ``python -m progpo.bench SUBCOMMAND``.
 
+``iteration``: one training iteration's phases, float32 against bf16, against the machine's matmul peak
+(``progpo.bench_iteration``). ``knn``: ProGPO's semantic search, torch against faiss.
+
 ``credit``: builds a paper-scale synthetic rollout batch (16 tasks x 8 rollouts x up to 50 steps, realistic
 state recurrence, 1536-dim float32 embeddings) and prints, for every credit estimator, the median wall time
 of one call and the steps/s at 1x, 2x and 8x that size (more tasks, same rollouts per task).
@@ -23,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from progpo import bench_iteration
 from progpo.credit import GRPO, HGPO, GiGPO, ProGPO, StepBatch
 
 __all__ = ["main", "synthetic_batch"]
@@ -178,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     knn.add_argument("--threads", type=int, default=0)
     knn.add_argument("--seed", type=int, default=0)
     knn.set_defaults(run=bench_knn)
+    bench_iteration.add_parser(sub)
     args = parser.parse_args(argv)
     args.run(args)
 

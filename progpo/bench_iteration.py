@@ -1,0 +1,247 @@
+"""``python -m progpo.bench iteration [hydra overrides...]``: where one training iteration's time goes.
+
+Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), then for float32 and for bf16
+autocast plays one iteration's tasks and times each phase: rollout, scoring (the recomputing path, actor + reference
+passes, against the reusing one, reference only), credit and the PPO update (from the same weights each time).
+Each phase's useful FLOPs (no padding, causal attention, KV-cache decoding counted once) are set against this
+machine's matmul peak measured in the same run, so the numbers mean something on a shared machine too; old
+(float32, recompute) against new (the chosen precision, reuse) is printed as a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from progpo.algo.iteration import step_batch
+from progpo.algo.ppo import ppo_update, updated_steps
+from progpo.algo.scoring import first_of_each, score_turns
+from progpo.types import RolloutBatch, Turn
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOP count of a decoder-only transformer depends on."""
+
+    layers: int
+    hidden: int
+    vocab: int
+    decoder_matmul_params: int  # weights of the linear layers inside the decoder blocks (no embeddings, no head)
+    intermediate: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelShape:
+        cfg = model.config
+        decoder = model.get_decoder()
+        linear = sum(m.weight.numel() for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+        return cls(cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, linear, cfg.intermediate_size)
+
+    def forward_flops(self, length: int, head_positions: int) -> float:
+        """One causal forward over ``length`` tokens with the LM head at ``head_positions`` of them.
+
+        Linear layers: 2 FLOPs per weight per token. Attention: position t attends to t+1 keys, QK^T and AV cost
+        2*hidden*(t+1) each per layer, summed over t: 2*hidden*T*(T+1) per layer. Incremental decoding with a KV
+        cache does the same useful work as this teacher-forced pass, so generation is counted the same way.
+        """
+        return (2.0 * self.decoder_matmul_params * length + 2.0 * self.layers * self.hidden * length * (length + 1)
+                + 2.0 * self.vocab * self.hidden * head_positions)
+
+
+def turn_flops(shape: ModelShape, turn: Turn) -> float:
+    return shape.forward_flops(len(turn.prompt_ids) + len(turn.response_ids), len(turn.response_ids))
+
+
+def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 1.0) -> float:
+    """GFLOP/s of a [4096, hidden] x [hidden, intermediate] matmul, the model's largest GEMM shape."""
+    a = torch.randn(4096, shape.hidden).to(dtype)
+    b = torch.randn(shape.hidden, shape.intermediate).to(dtype)
+    for _ in range(3):
+        a @ b
+    n, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ b
+        n += 1
+    return 2.0 * 4096 * shape.hidden * shape.intermediate * n / (time.perf_counter() - started) / 1e9
+
+
+@dataclass
+class PhaseTimes:
+    rollout_s: float
+    score_recompute_s: float
+    score_reuse_s: float
+    credit_s: float
+    update_s: float
+    generated_tokens: int
+    turns: int
+    rollout_flops: float
+    score_actor_flops: float  # one model pass over the unique turns
+    update_flops: float
+    logprob_diff_mean: float  # |sampling - recomputed| old log-probs
+
+
+def _autocast(device: torch.device, bf16: bool):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: int) -> PhaseTimes:
+    """One iteration's phases under one precision; the actor's weights are restored afterwards."""
+    actor = rl.actor
+    device = next(actor.parameters()).device
+    weights = copy.deepcopy(actor.state_dict())
+    torch.manual_seed(seed)
+    with _autocast(device, bf16):
+        started = time.perf_counter()
+        batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
+        rollout_s = time.perf_counter() - started
+        turns = batch.turns
+        args = (actor, rl.reference, turns, rl.pad_token_id, rl.ppo.micro_batch_size)
+        started = time.perf_counter()
+        recomputed = score_turns(*args, recompute_old=True)
+        score_recompute_s = time.perf_counter() - started
+        started = time.perf_counter()
+        scored = score_turns(*args, recompute_old=False)
+        score_reuse_s = time.perf_counter() - started
+        started = time.perf_counter()
+        credit = rl.credit(step_batch(turns, scored.embeddings))
+        credit_s = time.perf_counter() - started
+        advantages = credit.advantage.to(torch.float32)
+        optimizer = optimizer_factory(actor.parameters())
+        started = time.perf_counter()
+        ppo_update(actor, optimizer, lambda loss: loss.backward(), turns, scored, advantages, rl.ppo,
+                   rl.pad_token_id, seed=seed)
+        update_s = time.perf_counter() - started
+    actor.load_state_dict(weights)
+    unique = sorted(set(first_of_each(turns)))
+    trained = updated_steps(turns, advantages, rl.ppo.skip_zero_advantage)
+    diffs = [(torch.tensor(t.sample_logprobs) - old).abs() for t, old in zip(turns, recomputed.old_logprobs)
+             if t.response_ids]
+    return PhaseTimes(
+        rollout_s, score_recompute_s, score_reuse_s, credit_s, update_s, batch.generated_tokens, len(turns),
+        rollout_flops=sum(turn_flops(shape, t) for t in turns),
+        score_actor_flops=sum(turn_flops(shape, turns[i]) for i in unique),
+        update_flops=3.0 * rl.ppo.epochs * sum(turn_flops(shape, turns[i]) for i in trained),
+        logprob_diff_mean=float(torch.cat(diffs).mean()) if diffs else 0.0,
+    )
+
+
+def _median(runs: list[PhaseTimes], name: str) -> float:
+    return statistics.median(getattr(r, name) for r in runs)
+
+
+def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, float], has_reference: bool) -> str:
+    passes = 2 if has_reference else 1
+    rows = [
+        ("rollout", "rollout_s", "rollout_flops", 1),
+        ("score, recompute (actor + ref)", "score_recompute_s", "score_actor_flops", passes),
+        ("score, reuse (ref only)", "score_reuse_s", "score_actor_flops", passes - 1),
+        ("credit", "credit_s", None, 0),
+        ("update", "update_s", "update_flops", 1),
+    ]
+    lines = [f"## {label}", "",
+             "| phase | " + " | ".join(f"{p} s | {p} GFLOP/s (% peak)" for p in runs) + " | float32 / bf16 |",
+             "|---|" + "---:|---:|" * len(runs) + "---:|"]
+    for name, time_key, flop_key, multiplier in rows:
+        cells = []
+        for precision, measured in runs.items():
+            seconds = _median(measured, time_key)
+            if flop_key and multiplier and seconds > 0:
+                gflops = multiplier * _median(measured, flop_key) / seconds / 1e9
+                cells.append(f"{seconds:.2f} | {gflops:.1f} ({100 * gflops / peaks[precision]:.0f}%)")
+            else:
+                cells.append(f"{seconds:.3f} | -")
+        times = [_median(m, time_key) for m in runs.values()]
+        ratio = f"{times[0] / times[1]:.2f}x" if len(times) == 2 and times[1] > 0 else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
+    for precision, measured in runs.items():
+        rollout = _median(measured, "rollout_s")
+        tokens = statistics.median(r.generated_tokens for r in measured)
+        turns = statistics.median(r.turns for r in measured)
+        lines.append(f"\n{precision}: {turns:.0f} steps, {tokens:.0f} generated tokens, {tokens / rollout:.0f} tokens/s "
+                     f"in the rollout; |sampling - recomputed old log-prob| mean "
+                     f"{_median(measured, 'logprob_diff_mean'):.2e}")
+    return "\n".join(lines)
+
+
+def _iteration_s(runs: list[PhaseTimes], reuse: bool) -> float:
+    score = "score_reuse_s" if reuse else "score_recompute_s"
+    return sum(_median(runs, k) for k in ("rollout_s", score, "credit_s", "update_s"))
+
+
+def bench_iteration(args: argparse.Namespace) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from progpo.train import build
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="progpo-bench-") as tmp:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            cfg = compose(config_name="config",
+                          overrides=["logger=none", f"run_dir={tmp}/run", *args.overrides])
+        run = build(cfg)
+        try:
+            rl = run.module.rl
+            shape = ModelShape.of(rl.actor)
+            peaks = {"float32": matmul_peak_gflops(shape, torch.float32),
+                     "bf16": matmul_peak_gflops(shape, torch.bfloat16)}
+            optimizer_factory = instantiate(cfg.optim)
+            precisions = {"float32": False, "bf16": True} if not args.float32_only else {"float32": False}
+            runs: dict[str, list[PhaseTimes]] = {p: [] for p in precisions}
+            for repeat in range(args.repeats):
+                tasks = run.datamodule.train_batch().tasks
+                for precision, bf16 in precisions.items():
+                    runs[precision].append(measure(rl, tasks, optimizer_factory, shape, bf16, seed=repeat))
+            if args.profile_rollout:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                rl.collector.collect(run.datamodule.train_batch().tasks, rl.group_size)
+                profiler.disable()
+        finally:
+            run.collector.close()
+            run.engine.close()
+    lines = [
+        f"# progpo.bench iteration: {run.policy.name}, {shape.decoder_matmul_params / 1e6:.2f}M decoder matmul params, "
+        f"{args.repeats} repeat(s), {torch.get_num_threads()} torch thread(s)",
+        f"matmul peak [4096 x {shape.hidden} x {shape.intermediate}]: "
+        + ", ".join(f"{p} {g:.0f} GFLOP/s" for p, g in peaks.items()),
+        "",
+        _report("medians per phase", runs, peaks, rl.reference is not None),
+        "",
+    ]
+    old = _iteration_s(runs["float32"], reuse=False)
+    lines.append(f"old path (float32, recompute old log-probs): {old:.1f} s per iteration")
+    for precision, measured in runs.items():
+        new = _iteration_s(measured, reuse=True)
+        lines.append(f"new path ({precision}, reuse the engine's log-probs): {new:.1f} s per iteration, "
+                     f"{old / new:.2f}x faster")
+    if args.profile_rollout:
+        stats = io.StringIO()
+        pstats.Stats(profiler, stream=stats).sort_stats("cumulative").print_stats(args.profile_rollout)
+        lines += ["", "## rollout profile (float32, cumulative)", stats.getvalue()]
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("iteration", help="time one training iteration's phases, float32 against bf16")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. model=smollm2-135m")
+    parser.add_argument("--repeats", type=int, default=2, help="iterations measured per precision (medians)")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--float32-only", action="store_true", help="skip the bf16 measurement")
+    parser.add_argument("--profile-rollout", type=int, default=0, metavar="N",
+                        help="also profile one float32 rollout and print its top N functions")
+    parser.set_defaults(run=bench_iteration)

@@ -1,0 +1,46 @@
+"""The iteration benchmark's FLOP count, checked against torch's own FLOP counter on a real forward pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from progpo.bench import main as bench_main
+from progpo.bench_iteration import ModelShape
+
+
+def _model() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=160, max_position_embeddings=256,
+                                        attn_implementation="eager"))  # attention as matmuls torch can count
+
+
+def test_forward_flops_match_torchs_flop_counter():
+    model = _model().eval()
+    shape = ModelShape.of(model)
+    length, head_positions = 48, 12
+    ids = torch.randint(0, 512, (1, length))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+        model.get_output_embeddings()(hidden[:, -head_positions:])
+    linear_and_head = 2.0 * shape.decoder_matmul_params * length + 2.0 * shape.vocab * shape.hidden * head_positions
+    attention = counter.get_total_flops() - linear_and_head  # QK^T and AV, the eager matmuls
+    assert attention == 4.0 * shape.layers * shape.hidden * length * length
+    # torch counts the full T x T score matrix; a causal pass needs the (T + 1) / 2T share of it
+    causal = 2.0 * shape.layers * shape.hidden * length * (length + 1)
+    assert attention * (length + 1) / (2 * length) == causal
+    assert shape.forward_flops(length, head_positions) == linear_and_head + causal
+
+
+@pytest.mark.slow
+def test_bench_iteration_command_reports_every_phase_for_both_precisions(capsys):
+    bench_main(["iteration", "experiment=fast_dev", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "matmul peak" in out and "float32" in out and "bf16" in out
+    for phase in ("| rollout |", "| score, recompute (actor + ref) |", "| score, reuse (ref only) |", "| update |"):
+        row = next(line for line in out.splitlines() if line.startswith(phase))
+        assert "GFLOP/s" not in row and "%" in row  # a measured rate against the peak on every FLOP-counted phase
+    assert "old path (float32, recompute old log-probs)" in out and out.count("x faster") == 2
