@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
+from progpo import dist
 from progpo.algo.credit import batch_credit
 from progpo.algo.metrics import batch_episode_metrics, iteration_metrics, sampler_mismatch
 from progpo.algo.ppo import ppo_update
 from progpo.algo.scoring import score_turns
 from progpo.config import PPOConfig
 from progpo.credit import CreditResult, StepBatch
-from progpo.dist import max_over_ranks
 from progpo.types import RolloutBatch, Turn
 
 
@@ -149,6 +149,6 @@ class RLIteration:
             batch = self.collector.collect(tasks.tasks, 1, greedy=greedy,
                                            temperature=None if greedy else self.eval_temperature,
                                            first_group=tasks.first_group)
-        slowest = max_over_ranks({"rollout": batch.rollout_seconds})["rollout"]
+        slowest = dist.max_over_ranks({"rollout": batch.rollout_seconds})["rollout"]
         metrics = {**batch_episode_metrics(batch, "val"), "perf/val_rollout_s": slowest}
         return EvalResult(tasks.iterations_done, metrics, batch)
