@@ -49,6 +49,14 @@ class Turn:
     # Constrained decoding: the token ids allowed at each response position (None: decoded freely; a None
     # position inside a list is a free one, e.g. reasoning before a constrained <action>).
     allowed_token_ids: list[list[int] | None] | None = None
+    # Set when the engine generated with the actor at temperature 1 (HF engine): ``sample_logprobs`` are then the
+    # old log-probs and ``prompt_hidden`` ([d] final hidden state of the last prompt token, captured in the
+    # prefill) the state embedding, so scoring need not recompute either (``ppo.recompute_old_logprobs``).
+    prompt_hidden: Any = None  # torch.Tensor [d] float32, or None
+
+    @property
+    def actor_scored(self) -> bool:
+        return self.prompt_hidden is not None
 
 
 @dataclass

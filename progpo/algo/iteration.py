@@ -110,9 +110,11 @@ class RLIteration:
         """
         # 1. Collect: B tasks x N rollouts with the weights the engine holds (synced at the end of the last one).
         batch = self.collector.collect(tasks.tasks, self.group_size, first_group=tasks.first_group)
-        # 2. Score with the same weights: old and reference log-probs, state embeddings.
+        # 2. Score with the same weights: old log-probs and state embeddings (reused from the HF engine's sampling
+        #    unless ppo.recompute_old_logprobs), reference log-probs.
         started = time.perf_counter()
-        scored = score_turns(self.actor, self.reference, batch.turns, self.pad_token_id, self.ppo.micro_batch_size)
+        scored = score_turns(self.actor, self.reference, batch.turns, self.pad_token_id, self.ppo.micro_batch_size,
+                             recompute_old=self.ppo.recompute_old_logprobs)
         score_s = time.perf_counter() - started
         # 3. Credit: one advantage per step, computed over the steps of all ranks.
         started = time.perf_counter()

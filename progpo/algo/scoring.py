@@ -1,7 +1,8 @@
 """Score one iteration's turns with the weights that sampled them: old log-probs, reference log-probs, and the
 last-prompt-token hidden state (the semantic embedding the credit estimators group states by).
 
-One no-grad pass of the actor and one of the reference per micro-batch. Identical turns are scored once.
+One no-grad pass of the reference per micro-batch, and one of the actor unless the engine already computed the
+actor's values while sampling (HF engine at temperature 1: ``Turn.actor_scored``). Identical turns are scored once.
 """
 
 from __future__ import annotations
@@ -64,9 +65,12 @@ def score_turns(
     turns: list[Turn],
     pad_token_id: int,
     micro_batch_size: int,
+    recompute_old: bool = False,
 ) -> ScoredTurns:
     """Old and reference log-probs of every response token, and the last-prompt-token embedding.
 
+    A turn the engine scored with the actor itself (``Turn.actor_scored``) keeps its sampling log-probs as old
+    log-probs and its prefill embedding, unless ``recompute_old``; the others get a no-grad actor pass.
     Identical turns (same prompt, response and allowed ids: the N rollouts' shared first step, or a policy
     going round a loop, which with a K-step history shows the same prompt again) are scored once and shared.
     Rows are scored shortest first, so a micro-batch pads little.
@@ -79,18 +83,26 @@ def score_turns(
     embeddings: list[torch.Tensor | None] = [None] * len(turns)
     was_training = actor.training
     actor.eval()
+    reused = [] if recompute_old else [i for i in order if turns[i].actor_scored]
+    for i in reused:
+        old[i] = torch.tensor(turns[i].sample_logprobs, dtype=torch.float32)
+        embeddings[i] = turns[i].prompt_hidden.float()
+    to_score = [i for i in order if old[i] is None]  # the actor pass; the reference scores every turn
     try:
-        for idx, tokens in micro_batches(turns, order, micro_batch_size, pad_token_id, device):
-            allowed = allowed_ids(turns, idx)
-            args = (tokens.input_ids, tokens.attention_mask, tokens.response_mask)
-            out = forward_logprobs(actor, *args, return_last_prompt_hidden=True, allowed=allowed)
-            ref_out = forward_logprobs(reference, *args, allowed=allowed) if reference is not None else None
+        for idx, tokens in micro_batches(turns, to_score, micro_batch_size, pad_token_id, device):
+            out = forward_logprobs(actor, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
+                                   return_last_prompt_hidden=True, allowed=allowed_ids(turns, idx))
             mask = tokens.response_mask.bool()
             for row, i in enumerate(idx):
                 old[i] = out.token_logprobs[row][mask[row]].float()
-                if ref_out is not None:
-                    ref[i] = ref_out.token_logprobs[row][mask[row]].float()
                 embeddings[i] = out.last_prompt_hidden[row].float()
+        if reference is not None:
+            for idx, tokens in micro_batches(turns, order, micro_batch_size, pad_token_id, device):
+                out = forward_logprobs(reference, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
+                                       allowed=allowed_ids(turns, idx))
+                mask = tokens.response_mask.bool()
+                for row, i in enumerate(idx):
+                    ref[i] = out.token_logprobs[row][mask[row]].float()
     finally:
         actor.train(was_training)
     for i, rep in enumerate(representative):

@@ -80,6 +80,8 @@ class PPOConfig:
     kl_coef: weight of the low-variance KL to the frozen reference (0: no reference is built). entropy_coef:
     entropy bonus. max_grad_norm: gradient clipping. skip_zero_advantage: leave steps whose advantage is exactly
     0 out of the update (they carry no policy gradient; KL and entropy then act on the updated steps only).
+    recompute_old_logprobs: run the no-grad actor pass for old log-probs and embeddings even when the engine
+    already computed them with the actor while sampling (HF engine at temperature 1); vLLM turns always get it.
     """
 
     epochs: int = 1
@@ -90,6 +92,7 @@ class PPOConfig:
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
     skip_zero_advantage: bool = False
+    recompute_old_logprobs: bool = False
 
     def check(self) -> None:
         require(self.epochs >= 1, "ppo.epochs", ">= 1", self.epochs)

@@ -145,6 +145,7 @@ class _Playing:
             reward=float(reward),
             prompt_truncated=bool(prompt.truncated),
             allowed_token_ids=generation.allowed_token_ids[k] if generation.allowed_token_ids else None,
+            prompt_hidden=generation.prompt_hidden[k] if generation.prompt_hidden else None,
         ))
         self.history[i].append((before.text, action))
         self.observations[i] = next_obs

@@ -109,3 +109,59 @@ def test_all_zero_advantages_update_only_when_not_skipped(tiny_policy, skip):
     assert moved is (not skip)  # only the entropy bonus can move it, and only when those steps are kept
     assert metrics["train/steps_updated"] == (0 if skip else len(turns))
     assert "loss/policy" in metrics and "loss/kl" in metrics  # the same keys whether or not anything was updated
+
+
+def _collected_turns(policy, suite, **engine_kwargs):
+    """Real turns: the HF engine plays the fake room suite with the tiny policy (4 tasks x 2 rollouts)."""
+    from envs.pool import EnvPool
+    from progpo.rollout.collector import RolloutCollector
+    from progpo.rollout.engines.hf_engine import HFEngine
+    from progpo.rollout.prompt import PromptBuilder
+
+    engine = HFEngine(policy, batch_size=5, **engine_kwargs)  # several generate calls, unequal prompt lengths
+    prompts = PromptBuilder(policy.tokenizer, history=2, max_prompt_tokens=policy.max_context - engine.max_new_tokens,
+                            style=policy.prompt_style)
+    collector = RolloutCollector(suite, engine, prompts, lambda n: EnvPool(suite.env_factory, n, 0), max_steps=4)
+    torch.manual_seed(0)
+    try:
+        return collector.collect(suite.train_tasks[:4], 2).turns
+    finally:
+        collector.close()
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    {"constrain_to_admissible": True},
+    {"constrain_to_admissible": False},
+    {"constrain_to_admissible": True, "reasoning_tokens": 4},
+], ids=["constrained", "free", "reasoning-then-constrained"])
+def test_the_engines_sampling_values_equal_the_recomputed_old_logprobs_and_embeddings(
+        tiny_policy, fake_suite, engine_kwargs):
+    turns = _collected_turns(tiny_policy, fake_suite, **engine_kwargs)
+    assert turns and all(t.actor_scored for t in turns)
+    module = Update(tiny_policy)
+    reused = score_turns(module.actor, module.reference, turns, module.pad, 4)
+    recomputed = score_turns(module.actor, module.reference, turns, module.pad, 4, recompute_old=True)
+    for a, b, turn in zip(reused.old_logprobs, recomputed.old_logprobs, turns):
+        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape == (len(turn.response_ids),)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    torch.testing.assert_close(reused.embeddings, recomputed.embeddings, atol=1e-5, rtol=1e-5)
+    for a, b in zip(reused.ref_logprobs, recomputed.ref_logprobs):
+        assert torch.equal(a, b)  # the reference pass is the same in both
+
+
+def test_reused_scoring_runs_only_the_reference_and_other_temperatures_recompute(tiny_policy, fake_suite,
+                                                                                  monkeypatch):
+    module = Update(tiny_policy)
+    calls = []
+    real = progpo.algo.scoring.forward_logprobs
+    monkeypatch.setattr(progpo.algo.scoring, "forward_logprobs",
+                        lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
+    turns = _collected_turns(tiny_policy, fake_suite, constrain_to_admissible=True)
+    score_turns(module.actor, module.reference, turns, module.pad, 4)
+    assert calls and all(model is module.reference for model in calls)
+    # At T != 1 the sampling log-probs are not the trained policy's: the engine promises nothing, scoring recomputes.
+    hot = _collected_turns(tiny_policy, fake_suite, constrain_to_admissible=True, temperature=1.5)
+    assert not any(t.actor_scored for t in hot)
+    calls.clear()
+    score_turns(module.actor, module.reference, hot, module.pad, 4)
+    assert any(model is module.actor for model in calls)

@@ -28,6 +28,10 @@ class Generation:
     logprobs: list[list[float]] = field(default_factory=list)
     n_generated_tokens: int = 0
     allowed_token_ids: list[list[list[int] | None] | None] = field(default_factory=list)
+    # Only when the engine generated with the trained actor itself at temperature 1 (HF engine): the final hidden
+    # state of each prompt's last token from the prefill ([d] float32), a promise that ``logprobs`` are exactly the
+    # actor's (renormalised where constrained), so scoring can reuse both. Empty otherwise (vLLM, T != 1).
+    prompt_hidden: list[Any] = field(default_factory=list)
 
 
 @runtime_checkable

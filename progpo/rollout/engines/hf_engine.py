@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,39 @@ class _StopTracker(StoppingCriteria):
         self.lengths[newly] = n_gen
         self.done |= newly
         return self.done.to(input_ids.device)
+
+
+class _Row(NamedTuple):
+    """One generated response: its ids, their sampling log-probs, the allowed ids per position, the prompt embedding."""
+
+    ids: list[int]
+    logprobs: list[float]
+    allowed: list[list[int] | None] | None
+    prompt_hidden: torch.Tensor | None
+
+
+class _PrefillLastHidden:
+    """Captures the decoder's final hidden state at the last prompt position during ``generate``'s prefill.
+
+    Prompts are left-padded, so that position is the last column of the first (prefill) forward; the decode
+    steps that follow are ignored. This is the state embedding scoring would otherwise recompute.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.decoder = model.get_decoder()
+        self.hidden: torch.Tensor | None = None
+        self._handle = None
+
+    def _hook(self, module, args, output) -> None:
+        if self.hidden is None:
+            self.hidden = output.last_hidden_state[:, -1].detach().float().cpu()
+
+    def __enter__(self) -> _PrefillLastHidden:
+        self._handle = self.decoder.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
 
 
 class HFEngine:
@@ -170,7 +204,7 @@ class HFEngine:
         was_training = model.training
         model.eval()
         started = time.perf_counter()
-        results: list[tuple[list[int], list[float], list[list[int]] | None]] = [([], [], None)] * len(prompts)
+        results: list[_Row] = [_Row([], [], None, None)] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         try:
             with torch.no_grad():
@@ -186,21 +220,25 @@ class HFEngine:
                         results[row] = result
         finally:
             model.train(was_training)
-        ids = [r[0] for r in results]
+        ids = [r.ids for r in results]
         n_tokens = sum(len(r) for r in ids)
         elapsed = time.perf_counter() - started
         log.debug("generated %d tokens for %d prompts in %.2fs", n_tokens, len(prompts), elapsed)
+        # The log-probs are the actor's own (temperature 1; greedy reports temperature-1 ones): hand over the
+        # prefill's prompt embeddings too, so scoring can skip recomputing both.
+        actor_exact = greedy or temperature == 1.0
         return Generation(
             response_ids=ids,
             texts=self.policy.tokenizer.batch_decode(ids, skip_special_tokens=True),
-            logprobs=[r[1] for r in results],
+            logprobs=[r.logprobs for r in results],
             n_generated_tokens=n_tokens,
-            allowed_token_ids=[r[2] for r in results],
+            allowed_token_ids=[r.allowed for r in results],
+            prompt_hidden=[r.prompt_hidden for r in results] if actor_exact else [],
         )
 
     def _generate_reasoned(
         self, prompts: list[list[int]], greedy: bool, temperature: float, allowed: list[list[list[int]] | None]
-    ) -> list[tuple[list[int], list[float], list[list[int] | None] | None]]:
+    ) -> list[_Row]:
         """Free reasoning (up to ``reasoning_tokens``, cut before ``<action>``), then the constrained answer.
 
         Rows whose commands cannot be enumerated (``allowed[i]`` is None) are decoded freely in one call."""
@@ -212,11 +250,13 @@ class HFEngine:
         rows = [i for i, options in enumerate(allowed) if options is not None]
         thoughts = self._generate_batch([prompts[i] for i in rows], greedy, temperature, None,
                                         self.reasoning_tokens, (ACTION_OPEN,))
-        kept = [self._before_action(ids) for ids, _, _ in thoughts]
+        kept = [self._before_action(thought.ids) for thought in thoughts]
         answers = self._generate_batch([prompts[i] + ids for i, ids in zip(rows, kept)], greedy, temperature,
                                        [allowed[i] for i in rows], self.max_new_tokens - self.reasoning_tokens)
-        for i, ids, (_, lps, _), (answer, answer_lps, positions) in zip(rows, kept, thoughts, answers):
-            out[i] = (ids + answer, lps[: len(ids)] + answer_lps, [None] * len(ids) + positions)
+        for i, ids, thought, answer in zip(rows, kept, thoughts, answers):
+            # The prompt embedding is the thoughts call's: its prefill ended on the prompt's last token.
+            out[i] = _Row(ids + answer.ids, thought.logprobs[: len(ids)] + answer.logprobs,
+                          [None] * len(ids) + answer.allowed, thought.prompt_hidden)
         return out
 
     def _before_action(self, ids: list[int]) -> list[int]:
@@ -235,7 +275,7 @@ class HFEngine:
         allowed: list[list[list[int]] | None] | None = None,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
-    ) -> list[tuple[list[int], list[float], list[list[int]] | None]]:
+    ) -> list[_Row]:
         model = self.policy.model
         device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
@@ -247,13 +287,14 @@ class HFEngine:
         stop = self.stop if stop is None else tuple(stop)
         tracker = _StopTracker(self.policy.tokenizer, stop, self.eos_ids, width, len(prompts))
         trie = AdmissibleTrie(allowed, width, self.eos_ids[0]) if allowed is not None else None
-        out = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            generation_config=self._config(greedy, temperature, max_new_tokens or self.max_new_tokens),
-            stopping_criteria=StoppingCriteriaList([tracker]),
-            logits_processor=LogitsProcessorList([trie] if trie is not None else []),
-        )
+        with _PrefillLastHidden(model) as prefill:
+            out = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=self._config(greedy, temperature, max_new_tokens or self.max_new_tokens),
+                stopping_criteria=StoppingCriteriaList([tracker]),
+                logits_processor=LogitsProcessorList([trie] if trie is not None else []),
+            )
         generated = out.sequences[:, width:]
         steps = generated.shape[1]
         temperature = 1.0 if greedy else temperature
@@ -270,10 +311,11 @@ class HFEngine:
             columns.append(F.log_softmax(logits, dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1))
         logprobs = torch.stack(columns, dim=1).cpu()
         return [
-            (
+            _Row(
                 response,
                 logprobs[i, : len(response)].tolist(),
                 trie.per_position(i, len(response)) if trie is not None else None,
+                prefill.hidden[i],
             )
             for i, response in enumerate(responses)
         ]
