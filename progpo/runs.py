@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from progpo.config import ConfigError
+from progpo.config import ConfigError, world_size_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,14 @@ def stored_run_id(ckpt: Path | None) -> str | None:
     if ckpt is None:
         return None
     return read_checkpoint(ckpt).get("progpo", {}).get("logger_run_id")
+
+
+def check_world_size(ckpt: Path | None, world_size: int) -> None:
+    """A checkpoint resumes only with the world size that wrote it (older checkpoints: one process)."""
+    if ckpt is not None:
+        saved = int(read_checkpoint(ckpt).get("world_size", 1))
+        if saved != world_size:
+            raise ConfigError(f"{ckpt}: {world_size_mismatch(saved, world_size)}")
 
 
 def save_or_compare_config(cfg: DictConfig, path: Path, resuming: bool) -> None:

@@ -18,8 +18,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, open_dict
 
+from progpo import dist
 from progpo.config import ConfigError, RunConfig, preflight_model, validate_config
 from progpo.runs import (
+    check_world_size,
     default_run_name,
     find_resume_checkpoint,
     quiet_lightning,
@@ -80,16 +82,19 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
         cfg.run_name = cfg.get("run_name") or default_run_name(cfg)
     ckpt = find_resume_checkpoint(cfg, run_dir)
     run_id = stored_run_id(ckpt)  # reads the checkpoint: an empty or corrupt one fails here, naming the file
+    check_world_size(ckpt, typed.trainer.world_size)
     import lightning as L
     import torch
 
     if typed.trainer.uses_cuda and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_primary():  # the other ranks of a distributed run write nothing of their own
+        run_dir.mkdir(parents=True, exist_ok=True)
     if typed.torch_threads:
         torch.set_num_threads(typed.torch_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    save_or_compare_config(cfg, run_dir / "config.yaml", resuming=ckpt is not None)
+    if dist.is_primary():
+        save_or_compare_config(cfg, run_dir / "config.yaml", resuming=ckpt is not None)
     return typed, run_dir, ckpt, run_id
 
 
@@ -117,7 +122,8 @@ def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
     with open_dict(cfg):
         if run_id and "run_id" in cfg.logger:
             cfg.logger.run_id = run_id
-    logger = build_with(cfg.logger, cfg=cfg)  # checks the tracking store before anything slow is built
+    # Checks the tracking store before anything slow is built. Only rank 0 tracks (metrics are reduced over ranks).
+    logger = build_with(cfg.logger, cfg=cfg) if dist.is_primary() else None
     try:
         return _build_parts(cfg, typed, run_dir, ckpt, logger, callbacks or [])
     except BaseException as error:
@@ -200,12 +206,13 @@ def fit(run: Run) -> dict[str, float]:
         finally:
             run.collector.close()
             run.engine.close()
-        table = summary_table(record.initial_eval or {}, record.last_eval or {}, run.suite.task_types)
-        temperature = run.typed.eval.temperature
-        sampling = "greedy" if temperature == 0 else f"sampled at T={temperature:g}"
-        log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
-        (run.run_dir / "summary.md").write_text(table + "\n")
-        plot_curves(record.history, run.run_dir, run.logger)
+        if trainer.is_global_zero:
+            table = summary_table(record.initial_eval or {}, record.last_eval or {}, run.suite.task_types)
+            temperature = run.typed.eval.temperature
+            sampling = "greedy" if temperature == 0 else f"sampled at T={temperature:g}"
+            log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
+            (run.run_dir / "summary.md").write_text(table + "\n")
+            plot_curves(record.history, run.run_dir, run.logger)
     return record.final_metrics()
 
 

@@ -9,6 +9,7 @@
 #   1. the credit benchmark on CUDA tensors        (python -m progpo.bench credit --device cuda)
 #   2. 2 iterations of model=tiny trainer=gpu       (HF engine, bf16)
 #   3. 2 iterations of model=smollm2-135m trainer=gpu rollout=vllm, the paper prompt, batch 16 x 8
+#   4. 2 iterations of model=tiny with trainer.strategy=fsdp (2 GPUs if there are, else 1) and, on 2 GPUs, ddp
 # Then one table: iteration split (rollout / score / credit / update), generated tokens/s, env steps/s, peak GPU
 # memory and the sampler/trainer mismatch. Exits non-zero if any step fails or a check does not hold.
 set -euo pipefail
@@ -72,6 +73,20 @@ run_step smollm2_vllm "$PY" -m progpo.train model=smollm2-135m trainer=gpu rollo
     rollout.tasks_per_batch=16 rollout.group_size=8 env.max_steps="$SMOL_STEPS" \
     rollout.engine.max_new_tokens="$SMOL_TOKENS" rollout.num_workers=8 ppo.micro_batch_size=16 \
     schedule.max_iterations=2 schedule.ckpt_every=10 logger=none run_dir="$OUT/runs/smollm2_vllm"
+
+# Lightning's strategies on the GPUs there are (Lightning refuses FSDP on CPU, so only this script runs it): FSDP on
+# up to 2 GPUs (one GPU still wraps and shards nothing, but runs the same hooks), DDP on 2 when there are 2.
+NGPU=$(nvidia-smi -L | wc -l)
+DIST_GPUS=$(( NGPU >= 2 ? 2 : 1 ))
+# shellcheck disable=SC2086
+run_step tiny_fsdp "$PY" -m progpo.train model=tiny trainer=gpu $GAMES trainer.strategy=fsdp \
+    trainer.devices="$DIST_GPUS" rollout.tasks_per_batch=4 schedule.max_iterations=2 logger=none \
+    run_dir="$OUT/runs/tiny_fsdp"
+if (( NGPU >= 2 )); then
+    # shellcheck disable=SC2086
+    run_step tiny_ddp "$PY" -m progpo.train model=tiny trainer=gpu $GAMES trainer.strategy=ddp trainer.devices=2 \
+        rollout.tasks_per_batch=4 schedule.max_iterations=2 logger=none run_dir="$OUT/runs/tiny_ddp"
+fi
 
 cat "$OUT/runs/bench.log"
 "$PY" scripts/gpu_check_table.py "$OUT/runs" tiny smollm2_vllm --elapsed $(( $(date +%s) - started ))

@@ -18,7 +18,7 @@ class RecordingCollector:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def collect(self, tasks, group_size, greedy=False, temperature=None):
+    def collect(self, tasks, group_size, greedy=False, temperature=None, first_group=0):
         draw = torch.rand(3)
         self.calls.append(dict(n=len(tasks), group_size=group_size, greedy=greedy, temperature=temperature,
                                draw=draw))

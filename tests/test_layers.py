@@ -19,12 +19,14 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.loss": set(),
     "progpo.credit": set(),
     "progpo.config": set(),
+    "progpo.dist": set(),  # rank, world size, gathers: a leaf (torch.distributed only)
     "progpo.tracking": {"progpo.config"},
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},
-    "progpo.rollout": {"progpo.types", "progpo.masks", "envs"},
+    "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "envs"},
     "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "envs"},
-    "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.loss", "progpo.config"},
-    "progpo.lit": {"progpo.algo", "progpo.types", "progpo.config", "progpo.tracking", "progpo.credit", "envs"},
+    "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.loss", "progpo.config", "progpo.dist"},
+    "progpo.lit": {"progpo.algo", "progpo.types", "progpo.config", "progpo.tracking", "progpo.credit", "progpo.dist",
+                   "envs"},
 }
 
 
@@ -43,6 +45,8 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module in ("progpo", "envs") and node.level == 0:
+            names.update(f"{node.module}.{a.name}" for a in node.names)  # ``from progpo import dist``
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
     return {n for n in names if n.split(".")[0] in ("progpo", "envs")}

@@ -9,12 +9,16 @@ result as the step's outputs.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from progpo.algo.metrics import iteration_metrics, sampler_mismatch
+from progpo import dist
+from progpo.algo.credit import batch_credit
+from progpo.algo.metrics import batch_episode_metrics, iteration_metrics, sampler_mismatch
 from progpo.algo.ppo import ppo_update
 from progpo.algo.scoring import score_turns
 from progpo.config import PPOConfig
@@ -24,10 +28,16 @@ from progpo.types import RolloutBatch, Turn
 
 @dataclass(frozen=True)
 class IterationTasks:
-    """What the DataModule yields: the tasks to play, and how many iterations are done before this batch."""
+    """What the DataModule yields: the tasks to play, and how many iterations are done before this batch.
+
+    On several ranks ``tasks`` is this rank's contiguous share of the iteration's tasks and ``first_group`` the
+    index of its first task among all of them: group and trajectory ids are global, so a step has the same ids
+    on any number of ranks.
+    """
 
     iterations_done: int
     tasks: list[Any]  # envs.base.Task
+    first_group: int = 0
 
 
 @dataclass
@@ -90,25 +100,31 @@ class RLIteration:
         self.eval_temperature = float(eval_temperature)
         self.seed = seed
 
-    def run(self, tasks: IterationTasks, optimizer, backward) -> IterationResult:
-        """One iteration; ``optimizer`` and ``backward`` come from the trainer (Lightning's manual optimisation)."""
+    def run(self, tasks: IterationTasks, optimizer, backward,
+            no_sync: Callable[[], AbstractContextManager] = nullcontext) -> IterationResult:
+        """One iteration; ``optimizer``, ``backward`` and ``no_sync`` come from the trainer (Lightning's manual
+        optimisation; ``no_sync`` defers the strategy's gradient reduction, see ``ppo_update``).
+
+        On several ranks each plays its share of the tasks; credit, metrics and the update are those of the whole
+        batch (``progpo.dist``); the returned ``batch`` and ``credit`` hold this rank's steps.
+        """
         # 1. Collect: B tasks x N rollouts with the weights the engine holds (synced at the end of the last one).
-        batch = self.collector.collect(tasks.tasks, self.group_size)
+        batch = self.collector.collect(tasks.tasks, self.group_size, first_group=tasks.first_group)
         # 2. Score with the same weights: old log-probs and state embeddings (reused from the HF engine's sampling
         #    unless ppo.recompute_old_logprobs), reference log-probs.
         started = time.perf_counter()
         scored = score_turns(self.actor, self.reference, batch.turns, self.pad_token_id, self.ppo.micro_batch_size,
                              recompute_old=self.ppo.recompute_old_logprobs)
         score_s = time.perf_counter() - started
-        # 3. Credit: one advantage per step.
+        # 3. Credit: one advantage per step, computed over the steps of all ranks.
         started = time.perf_counter()
-        credit = self.credit(step_batch(batch.turns, scored.embeddings))
+        credit = batch_credit(self.credit, step_batch(batch.turns, scored.embeddings))
         credit_s = time.perf_counter() - started
         advantages = credit.advantage.to(torch.float32)
         # 4. Update: PPO epochs of clipped-surrogate minibatches.
         started = time.perf_counter()
         update = ppo_update(self.actor, optimizer, backward, batch.turns, scored, advantages, self.ppo,
-                            self.pad_token_id, seed=self.seed, iteration=tasks.iterations_done)
+                            self.pad_token_id, seed=self.seed, iteration=tasks.iterations_done, no_sync=no_sync)
         update_s = time.perf_counter() - started
         # 5. Push the new weights to the engine, so the next collection samples from them (no-op for HF).
         started = time.perf_counter()
@@ -124,6 +140,7 @@ class RLIteration:
     def evaluate(self, tasks: IterationTasks) -> EvalResult:
         """One episode per held-out task: greedy (``eval_temperature=0``) or sampled at that temperature.
 
+        On several ranks each plays its share of the held-out tasks and the metrics are over all of them.
         Sampling uses its own seeded RNG stream, so every evaluation of a run draws the same random numbers
         (start and end are compared like for like) and evaluating never shifts the training stream.
         """
@@ -132,6 +149,8 @@ class RLIteration:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed)
             batch = self.collector.collect(tasks.tasks, 1, greedy=greedy,
-                                           temperature=None if greedy else self.eval_temperature)
-        metrics = {**batch.metrics("val"), "perf/val_rollout_s": batch.rollout_seconds}
+                                           temperature=None if greedy else self.eval_temperature,
+                                           first_group=tasks.first_group)
+        slowest = dist.max_over_ranks({"rollout": batch.rollout_seconds})["rollout"]
+        metrics = {**batch_episode_metrics(batch, "val"), "perf/val_rollout_s": slowest}
         return EvalResult(tasks.iterations_done, metrics, batch)

@@ -1,19 +1,23 @@
 """The clipped-surrogate update of one iteration: PPO epochs of minibatches over the scored turns.
 
 The advantage of a step is broadcast to its response tokens; the loss is a token-mean over the minibatch
-(``progpo.loss.ppo_loss``). Gradient accumulation over micro-batches keeps memory flat.
+(``progpo.loss.ppo_loss``). Gradient accumulation over micro-batches keeps memory flat. On several ranks the
+minibatches and the token-mean are those of one process (``minibatch_plan``, ``ppo_update``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from progpo import dist
 from progpo.algo.scoring import ScoredTurns, allowed_ids, micro_batches, sequence_length
 from progpo.config import PPOConfig
-from progpo.loss import ppo_loss
+from progpo.loss import LossOutput, ppo_loss
 from progpo.models.logprobs import forward_logprobs
 from progpo.types import Turn
 
@@ -42,6 +46,50 @@ def minibatch_order(steps: list[int], seed: int, iteration: int) -> list[int]:
     return [steps[i] for i in torch.randperm(len(steps), generator=generator).tolist()]
 
 
+@dataclass(frozen=True)
+class Minibatch:
+    """One optimizer step's share on this rank.
+
+    ``steps``: this rank's turn indices, shortest first. ``tokens``: response tokens of the whole minibatch on all
+    ranks (the token-mean's denominator). ``micro_batches``: forward/backward passes every rank runs for it, the
+    most any rank needs; a rank with fewer steps runs empty ones, so that each takes part in every gradient
+    reduction of the strategy.
+    """
+
+    steps: list[int]
+    tokens: int
+    micro_batches: int
+
+
+def minibatch_plan(turns: list[Turn], trainable: list[int], cfg: PPOConfig, seed: int, iteration: int) -> list[Minibatch]:
+    """The minibatches of every epoch, the same on any number of ranks.
+
+    The trainable steps of all ranks are put in a canonical order, by (trajectory, step) with global ids, and
+    permuted by (seed, iteration, epoch) (``minibatch_order``); each run of ``minibatch_size`` of them is one
+    minibatch, and a rank trains on its own steps in it. So a minibatch of a 2-rank run is the union of the two
+    ranks' parts, and holds exactly the steps of the 1-rank run's minibatch.
+    """
+    me = dist.rank()
+    rows = torch.tensor([[turns[i].traj, turns[i].t, len(turns[i].response_ids), me, i] for i in trainable],
+                        dtype=torch.long).reshape(-1, 5)
+    rows = dist.gather_rows(rows)
+    if len(rows):
+        rows = rows[torch.argsort(rows[:, 0] * (int(rows[:, 1].max()) + 1) + rows[:, 1], stable=True)]
+    plan = []
+    for epoch in range(cfg.epochs):
+        order = minibatch_order(list(range(len(rows))), seed, iteration * cfg.epochs + epoch)
+        for start in range(0, len(order), cfg.minibatch_size):
+            chunk = rows[order[start : start + cfg.minibatch_size]]
+            per_rank = torch.bincount(chunk[:, 3], minlength=dist.world_size())
+            mine = chunk[chunk[:, 3] == me, 4].tolist()
+            plan.append(Minibatch(
+                steps=sorted(mine, key=lambda i: sequence_length(turns[i])),
+                tokens=int(chunk[:, 2].sum()),
+                micro_batches=-(-int(per_rank.max()) // cfg.micro_batch_size),
+            ))
+    return plan
+
+
 def ppo_update(
     actor: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -53,43 +101,72 @@ def ppo_update(
     pad_token_id: int,
     seed: int = 0,
     iteration: int = 0,
+    no_sync: Callable[[], AbstractContextManager] = nullcontext,
 ) -> dict[str, float]:
     """Run ``cfg.epochs`` passes of minibatch updates; return the loss terms averaged over minibatches.
 
     ``backward`` is the trainer's backward (Lightning's ``manual_backward`` scales and syncs as its strategy
-    needs). Every iteration returns the same keys: an update with nothing to train on reports 0 for each term.
+    needs); ``no_sync`` a context in which a backward does not reduce gradients across ranks (DDP's ``no_sync``),
+    used for all but the last micro-batch of a minibatch. Every iteration returns the same keys: an update with
+    nothing to train on reports 0 for each term.
+
+    On several ranks (data parallel by task group, see ``progpo.dist``) the update is the single-process one:
+    a minibatch is the same set of steps (``minibatch_plan``), each rank's loss is its token sum over the
+    minibatch's token count on *all* ranks, and its backward is scaled by the world size, so the strategy's mean
+    of the ranks' gradients is the gradient of the global token-mean. The loss terms returned are the global ones
+    (sums over ranks); ``train/steps_updated`` counts the steps of all ranks.
     """
     device = next(actor.parameters()).device
     params = [p for p in actor.parameters() if p.requires_grad]
     trainable = updated_steps(turns, advantages, cfg.skip_zero_advantage)
+    world = dist.world_size()
+    plan = minibatch_plan(turns, trainable, cfg, seed, iteration)
     sums = dict.fromkeys(LOSS_METRICS, 0.0)
-    n_minibatches = 0
-    for epoch in range(cfg.epochs):
-        order = minibatch_order(trainable, seed, iteration * cfg.epochs + epoch)
-        for start in range(0, len(order), cfg.minibatch_size):
-            minibatch = sorted(order[start : start + cfg.minibatch_size], key=lambda i: sequence_length(turns[i]))
-            n_tokens = float(sum(len(turns[i].response_ids) for i in minibatch))
-            optimizer.zero_grad(set_to_none=True)
-            for idx, tokens in micro_batches(turns, minibatch, cfg.micro_batch_size, pad_token_id, device):
-                mask = tokens.response_mask.bool()
-                ref = _scatter_rows(scored.ref_logprobs, idx, mask) if scored.ref_logprobs is not None else None
-                out = forward_logprobs(actor, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
-                                       return_entropy=True, allowed=allowed_ids(turns, idx))
-                loss = ppo_loss(
-                    out.token_logprobs, _scatter_rows(scored.old_logprobs, idx, mask), ref,
-                    advantages[idx].to(device), tokens.response_mask,
-                    clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef if ref is not None else 0.0,
-                    entropy=out.entropy, entropy_coef=cfg.entropy_coef, token_normalizer=n_tokens,
-                )
-                backward(loss.loss)
+    for minibatch in plan:
+        optimizer.zero_grad(set_to_none=True)
+        steps = minibatch.steps
+        chunks = [steps[s : s + cfg.micro_batch_size] for s in range(0, len(steps), cfg.micro_batch_size)]
+        chunks += [[] for _ in range(minibatch.micro_batches - len(chunks))]
+        for k, idx in enumerate(chunks):
+            with no_sync() if k < len(chunks) - 1 else nullcontext():
+                if not idx:  # this rank has no more steps in the minibatch: take part in the reduction with 0
+                    backward(_zero_loss(actor, pad_token_id, device))
+                    continue
+                loss = _micro_batch_loss(actor, turns, idx, scored, advantages, cfg, pad_token_id, device,
+                                         minibatch.tokens)
+                backward(loss.loss * world)
                 for name in ("loss", "policy_loss", "kl", "clip_fraction", "approx_kl", "entropy"):
                     sums[name] += float(getattr(loss, name).detach())
-            sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            optimizer.step()
-            n_minibatches += 1
-    out = {LOSS_METRICS[k]: v / max(n_minibatches, 1) for k, v in sums.items()}
-    out["train/steps_updated"] = float(len(trainable))
+        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        optimizer.step()
+    grad_norm = sums.pop("grad_norm")  # the same on every rank: the gradients are reduced before the norm
+    totals = dist.sum_over_ranks({**sums, "steps_updated": float(len(trainable))})
+    out = {LOSS_METRICS[k]: totals[k] / max(len(plan), 1) for k in sums}
+    out[LOSS_METRICS["grad_norm"]] = grad_norm / max(len(plan), 1)
+    out["train/steps_updated"] = totals["steps_updated"]
     return out
+
+
+def _micro_batch_loss(actor, turns: list[Turn], idx: list[int], scored: ScoredTurns, advantages: torch.Tensor,
+                      cfg: PPOConfig, pad_token_id: int, device: torch.device, tokens: int) -> LossOutput:
+    """The clipped-surrogate loss of steps ``idx``: their token sums over ``tokens`` (the whole minibatch's)."""
+    _, batch = next(micro_batches(turns, idx, len(idx), pad_token_id, device))
+    mask = batch.response_mask.bool()
+    ref = _scatter_rows(scored.ref_logprobs, idx, mask) if scored.ref_logprobs is not None else None
+    out = forward_logprobs(actor, batch.input_ids, batch.attention_mask, batch.response_mask,
+                           return_entropy=True, allowed=allowed_ids(turns, idx))
+    return ppo_loss(
+        out.token_logprobs, _scatter_rows(scored.old_logprobs, idx, mask), ref,
+        advantages[idx].to(device), batch.response_mask,
+        clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef if ref is not None else 0.0,
+        entropy=out.entropy, entropy_coef=cfg.entropy_coef, token_normalizer=float(tokens),
+    )
+
+
+def _zero_loss(actor: torch.nn.Module, pad_token_id: int, device: torch.device) -> torch.Tensor:
+    """A loss of exactly 0 that reaches every parameter (a one-token forward): a rank's gradient share of 0."""
+    ids = torch.full((1, 1), pad_token_id, dtype=torch.long, device=device)
+    return actor(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().sum() * 0.0
 
 
 def _scatter_rows(values: list[torch.Tensor], idx: list[int], mask: torch.Tensor) -> torch.Tensor:

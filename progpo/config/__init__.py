@@ -9,6 +9,7 @@ from progpo.config.groups import (
     ScheduleConfig,
     TrainerConfig,
     WarmStartConfig,
+    world_size_mismatch,
 )
 from progpo.config.validate import check_component, check_credit, preflight_model, validate_config
 
@@ -25,4 +26,5 @@ __all__ = [
     "check_credit",
     "preflight_model",
     "validate_config",
+    "world_size_mismatch",
 ]

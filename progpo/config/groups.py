@@ -47,6 +47,29 @@ class TrainerConfig:
     def uses_cuda(self) -> bool:
         return self.accelerator in ("gpu", "cuda")
 
+    @property
+    def world_size(self) -> int:
+        """Processes of the run, as Lightning counts them: devices per node x nodes."""
+        devices = self.devices
+        if isinstance(devices, str) and "," in devices:  # "0,1": device ids
+            devices = [d for d in devices.split(",") if d.strip()]
+        if isinstance(devices, (list, tuple)):
+            per_node = len(devices)
+        elif str(devices).isdigit() and int(devices) >= 1:
+            per_node = int(devices)
+        else:  # "auto" or -1: every visible GPU; one process on CPU
+            import torch
+
+            per_node = max(torch.cuda.device_count(), 1) if self.accelerator != "cpu" else 1
+        return per_node * self.num_nodes
+
+
+def world_size_mismatch(saved: int, now: int) -> str:
+    """The message for resuming a checkpoint with another number of processes."""
+    return (f"the checkpoint was written by a run with world size {saved} (trainer.devices x trainer.num_nodes) "
+            f"but this run has world size {now}; resume with the same world size (the task shares, RNG streams "
+            "and minibatch split of each rank depend on it), or start a new run")
+
 
 @dataclass
 class PPOConfig:

@@ -155,6 +155,9 @@ def validate_config(cfg: DictConfig) -> RunConfig:
     if threads is not None:
         require(isinstance(threads, int) and threads >= 1, "torch_threads", "an integer >= 1 or null", threads)
     typed = {name: _typed_group(cfg, name, schema) for name, schema in TYPED_GROUPS.items()}
+    world = typed["trainer"].world_size
+    require(typed["rollout"].tasks_per_batch >= world, "rollout.tasks_per_batch",
+            f">= the world size {world} (every rank plays whole tasks)", typed["rollout"].tasks_per_batch)
     check_credit(cfg.credit)
     _typed_group(cfg, "warm_start", WarmStartConfig)  # checked for every model, read by model=tiny only
     check_component(cfg.env, "env")

@@ -6,6 +6,9 @@ training, ``{"result": EvalResult}`` from validation), never the module's attrib
 - ``IterationCheckpoint``: ``last.ckpt`` after every iteration, ``iter-XXXX.ckpt`` every N (both atomic, through
   ``AtomicCheckpointIO``).
 - ``TrajectoryTable``: sampled turns with their credit to the logger every N iterations.
+
+On several ranks every callback runs on every rank (checkpoint hooks must); files, the progress bar and the logger
+are rank 0's (the other ranks have no logger).
 """
 
 from __future__ import annotations
@@ -44,22 +47,24 @@ class RunRecord(L.Callback):
         self.iterations_done = 0
         self.logger_run_id: str | None = None
 
-    def _append(self, step: int, metrics: dict[str, float]) -> None:
+    def _append(self, trainer, step: int, metrics: dict[str, float]) -> None:
         row = {"step": float(step), **finite(metrics)}
         self.history.append(row)
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        if trainer.is_global_zero:  # every rank keeps the record (the metrics are over all ranks); rank 0 writes
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
 
     def on_fit_start(self, trainer, pl_module) -> None:
         # Rewrite from the (possibly checkpoint-restored) history: rows of an iteration that was interrupted
         # before its checkpoint are dropped here and logged again when the iteration is re-run.
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+        if trainer.is_global_zero:
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in self.history))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         result = _result(outputs)
         if result is not None:
             self.iterations_done = result.iteration
-            self._append(result.iteration, result.metrics)
+            self._append(trainer, result.iteration, result.metrics)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         result = _result(outputs)
@@ -69,7 +74,7 @@ class RunRecord(L.Callback):
             self.initial_eval = dict(result.metrics)
         self.last_eval = dict(result.metrics)
         self.last_eval_iteration = result.iteration
-        self._append(result.iteration, result.metrics)
+        self._append(trainer, result.iteration, result.metrics)
 
     def final_metrics(self) -> dict[str, float]:
         """Last value of every metric, plus the start-of-run evaluation under ``start/``."""
@@ -110,6 +115,8 @@ class IterationProgressBar(L.Callback):
         self.postfix: dict[str, str] = {}
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
         done = trainer.datamodule.iterations_done if trainer.datamodule is not None else 0
         self.bar = tqdm(total=self.total, initial=done, desc="RL iterations", unit="it", dynamic_ncols=True)
 
@@ -166,6 +173,8 @@ class IterationCheckpoint(L.Callback):
         self.iteration = 0
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
         for stale in self.dirpath.glob("*.ckpt.tmp"):
             stale.unlink()
 
@@ -178,7 +187,7 @@ class IterationCheckpoint(L.Callback):
         from progpo.tracking import log_checkpoint
 
         last = self.dirpath / "last.ckpt"
-        trainer.save_checkpoint(str(last), weights_only=False)
+        trainer.save_checkpoint(str(last), weights_only=False)  # on every rank; rank 0 writes the file
         if self.iteration % self.every == 0:
             periodic = self.dirpath / f"iter-{self.iteration:04d}.ckpt"
             trainer.save_checkpoint(str(periodic), weights_only=False)

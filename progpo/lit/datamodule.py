@@ -4,6 +4,9 @@ Data is not a fixed dataset here: every iteration plays new tasks with the *curr
 one-item iterables that hand over the tasks when Lightning asks for the batch, and the iteration itself
 (``progpo.algo.iteration``) collects the rollouts. The DataModule counts the iterations it has handed out and
 keeps that count in the checkpoint, so a resumed run plays exactly the tasks an uninterrupted one would.
+
+On several ranks every rank draws the same tasks and keeps its contiguous share (``progpo.dist.shard``): all N
+rollouts of a task are played on one rank. The held-out set is shared out the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from envs.base import EnvSuite, Task
+from progpo import dist
 from progpo.algo.iteration import IterationTasks
 
 
@@ -42,7 +46,7 @@ def sample_tasks(tasks: list[Task], n: int, seed: int, iteration: int) -> list[T
 
 class RolloutDataModule(L.LightningDataModule):
     """``tasks_per_batch`` training tasks per iteration (index = iterations handed out so far), all held-out
-    tasks for validation."""
+    tasks for validation; on several ranks, this rank's share of each."""
 
     def __init__(self, suite: EnvSuite, tasks_per_batch: int, seed: int) -> None:
         super().__init__()
@@ -55,10 +59,10 @@ class RolloutDataModule(L.LightningDataModule):
         index = self.iterations_done
         tasks = sample_tasks(self.suite.train_tasks, self.tasks_per_batch, self.seed, index)
         self.iterations_done += 1
-        return IterationTasks(iterations_done=index, tasks=tasks)
+        return _rank_share(index, tasks)
 
     def eval_batch(self) -> IterationTasks:
-        return IterationTasks(iterations_done=self.iterations_done, tasks=list(self.suite.eval_tasks))
+        return _rank_share(self.iterations_done, list(self.suite.eval_tasks))
 
     def train_dataloader(self) -> DataLoader:
         return _loader(self.train_batch)
@@ -71,6 +75,12 @@ class RolloutDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.iterations_done = int(state_dict["iterations_done"])
+
+
+def _rank_share(iterations_done: int, tasks: list[Task]) -> IterationTasks:
+    """This rank's contiguous share of ``tasks`` (all of them in one process), with its first task's index."""
+    start, stop = dist.shard(len(tasks))
+    return IterationTasks(iterations_done=iterations_done, tasks=tasks[start:stop], first_group=start)
 
 
 def _loader(produce: Callable[[], IterationTasks]) -> DataLoader:

@@ -5,6 +5,10 @@ optimisation: PPO takes several optimizer steps per batch); the iteration does t
 typed result as its outputs (``{"result": IterationResult}``), which callbacks receive; nothing else is kept on
 the module between steps. The reference policy is not a registered submodule: it is rebuilt from the model
 config on resume, so checkpoints hold the actor and optimizer only.
+
+Under a distributed strategy (DDP, FSDP) every rank runs the same step on its share of the tasks; the iteration
+reduces what needs the whole batch. Checkpoints hold the world size that wrote them: a resumed run must use the
+same one (its task shares, RNG streams and minibatch split depend on it).
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+from progpo import dist
 from progpo.algo.iteration import IterationTasks, RLIteration
+from progpo.config import ConfigError, world_size_mismatch
 
 
 class ProGPOModule(L.LightningModule):
@@ -44,7 +52,7 @@ class ProGPOModule(L.LightningModule):
         return batch  # tasks, not tensors; tensors are built on the right device in the iteration
 
     def training_step(self, batch: IterationTasks, batch_idx: int) -> dict[str, Any]:
-        result = self.rl.run(batch, self.optimizers(), self.manual_backward)
+        result = self.rl.run(batch, self.optimizers(), self.manual_backward, self._no_sync)
         self._log(result.metrics, step=result.iteration)
         return {"result": result}
 
@@ -61,16 +69,29 @@ class ProGPOModule(L.LightningModule):
             self.logger.log_metrics(clean, step=step)
         self.log_dict(clean, logger=False, on_epoch=True, batch_size=1)
 
+    def _no_sync(self) -> AbstractContextManager:
+        """A backward in this context does not reduce gradients across ranks: DDP's ``no_sync``. Other strategies
+        (one process; FSDP, whose ``no_sync`` would keep whole unsharded gradients) reduce at every backward."""
+        model = self.trainer.model
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else nullcontext()
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = {
+        # Every rank's RNG states (every rank samples its own rollouts); Lightning calls this hook on all ranks.
+        checkpoint["rng"] = dist.gather_objects([{
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "numpy": np.random.get_state(),
             "python": random.getstate(),
-        }
+        }])
+        checkpoint["world_size"] = dist.world_size()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = int(checkpoint.get("world_size", 1))
+        if saved != dist.world_size():
+            raise ConfigError(world_size_mismatch(saved, dist.world_size()))
         rng = checkpoint.get("rng")
+        if isinstance(rng, list):  # one entry per rank
+            rng = rng[dist.rank()]
         if rng:
             torch.set_rng_state(rng["torch"])
             if rng.get("cuda") is not None and torch.cuda.is_available():

@@ -58,15 +58,18 @@ class RolloutCollector:
         group_size: int,
         greedy: bool = False,
         temperature: float | None = None,
+        first_group: int = 0,
     ) -> RolloutBatch:
-        """Play every task ``group_size`` times; rollouts of task ``g`` form group ``g``.
+        """Play every task ``group_size`` times; rollouts of task ``g`` form group ``first_group + g``.
 
         ``temperature`` overrides the engine's sampling temperature (sampled evaluation); ``greedy`` wins.
+        ``first_group``: the index of ``tasks[0]`` among the iteration's tasks when a rank plays a share of them;
+        trajectory ids are offset alike (``first_group * group_size``), so ids are unique across ranks.
         """
         start = time.perf_counter()
         env_tasks = [task for task in tasks for _ in range(group_size)]
         pool = self._pool(len(env_tasks))
-        state = _Playing(env_tasks, list(pool.reset(env_tasks)), group_size)
+        state = _Playing(env_tasks, list(pool.reset(env_tasks)), group_size, first_group * group_size)
         generated_tokens = env_steps = 0
         while state.active:
             active = list(state.active)
@@ -105,9 +108,11 @@ class RolloutCollector:
 class _Playing:
     """Per-env state of one collection: current observation, (observation, action) history, counters, turns."""
 
-    def __init__(self, tasks: list[Task], observations: list[Observation], group_size: int) -> None:
+    def __init__(self, tasks: list[Task], observations: list[Observation], group_size: int,
+                 first_traj: int = 0) -> None:
         n = len(tasks)
         self.tasks, self.observations, self.group_size = tasks, observations, group_size
+        self.first_traj = first_traj  # global id of env 0's trajectory
         self.history: list[list[tuple[str, str]]] = [[] for _ in range(n)]
         self.steps = np.zeros(n, dtype=np.int64)
         self.invalid = np.zeros(n, dtype=np.int64)
@@ -125,9 +130,10 @@ class _Playing:
         self.won[i] = self.won[i] or bool(info.won)
         if info.extra.get("error"):
             self.errors[i] = str(info.extra["error"])
+        traj = self.first_traj + i
         self.turns.append(Turn(
-            traj=i,
-            group=i // self.group_size,
+            traj=traj,
+            group=traj // self.group_size,
             t=int(self.steps[i] - 1),
             prompt_ids=list(prompt.ids),
             response_ids=list(generation.response_ids[k]),
@@ -148,7 +154,7 @@ class _Playing:
 
     def episodes(self) -> list[Episode]:
         return [
-            Episode(traj=i, group=i // self.group_size, task=task, won=bool(self.won[i]), length=int(self.steps[i]),
+            Episode(traj=self.first_traj + i, group=(self.first_traj + i) // self.group_size, task=task, won=bool(self.won[i]), length=int(self.steps[i]),
                     n_invalid=int(self.invalid[i]), error=self.errors[i])
             for i, task in enumerate(self.tasks)
         ]

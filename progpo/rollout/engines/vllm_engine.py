@@ -68,6 +68,27 @@ def check_free_decoding(constrain_to_admissible: bool | None, policy: Policy) ->
                     "penalised by the env); rollout=hf decodes only admissible commands", policy.name)
 
 
+def _parallel_kwargs(tensor_parallel_size: int) -> dict[str, Any]:
+    """vLLM's executor when the trainer runs several ranks (one engine per rank, each on its own GPU).
+
+    Under torchrun/Lightning DDP every rank builds its own engine: vLLM's ``external_launcher`` executor runs it
+    inside the rank's process (on ``LOCAL_RANK``'s GPU). Tensor parallelism across trainer ranks would need the
+    ranks of a TP group to generate the same prompts, which data-parallel rollouts do not: it is refused there;
+    in a single trainer process ``tensor_parallel_size`` spans that many GPUs.
+    """
+    from progpo import dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 and not dist.active():
+        return {}
+    if tensor_parallel_size > 1:
+        raise ValueError(
+            "rollout.engine.tensor_parallel_size > 1 with several trainer ranks is not supported: each rank has its "
+            "own engine on its own GPU; use tensor_parallel_size=1 (or one trainer process with TP over the GPUs)"
+        )
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 class VLLMEngine:
     """vLLM ``LLM`` colocated with the trainer.
 
@@ -89,6 +110,9 @@ class VLLMEngine:
             (``progpo/rollout/engines/constrained.py``): sampler and trainer would be different policies. None
             (default) decodes freely even for a policy that prefers constrained decoding (a warning says so);
             use rollout=hf for constrained decoding.
+        tensor_parallel_size: GPUs one engine spans (default 1). With several trainer ranks (launched by torchrun
+            or srun, so that every rank builds its engine inside the process group) each rank has its own engine
+            on its own GPU and this must be 1.
 
     Log-probs are vLLM's ``processed_logprobs`` (after temperature, top-k and top-p): with the default
     top_p=1, top_k=0 they equal the HF engine's and ``forward_logprobs(..., temperature=T)``.
@@ -109,8 +133,11 @@ class VLLMEngine:
         enable_prefix_caching: bool = True,
         max_num_seqs: int | None = None,
         constrain_to_admissible: bool | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         check_sampling(temperature, top_p, top_k, max_new_tokens)
+        if tensor_parallel_size < 1:
+            raise ValueError(f"rollout.engine.tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         check_free_decoding(constrain_to_admissible, policy)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(
@@ -132,6 +159,7 @@ class VLLMEngine:
         kwargs: dict[str, Any] = {}
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = max_num_seqs
+        kwargs.update(_parallel_kwargs(tensor_parallel_size))
         if dtype == "auto":
             dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
         started = time.perf_counter()
@@ -145,6 +173,7 @@ class VLLMEngine:
             seed=seed,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
+            tensor_parallel_size=tensor_parallel_size,
             **kwargs,
         )
         log.info("vLLM engine for %s started in %.1fs", policy.name, time.perf_counter() - started)
