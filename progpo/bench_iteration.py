@@ -20,14 +20,15 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from progpo.algo.iteration import step_batch
 from progpo.algo.ppo import ppo_update, updated_steps
-from progpo.algo.scoring import first_of_each, score_turns
+from progpo.algo.scoring import first_of_each, reference_logprobs, score_turns
+from progpo.hardware import cpu_has_fast_bf16
 from progpo.types import RolloutBatch, Turn
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -88,7 +89,8 @@ class PhaseTimes:
     generated_tokens: int
     turns: int
     rollout_flops: float
-    score_actor_flops: float  # one model pass over the unique turns
+    score_recompute_flops: float  # actor (+ reference) over the unique turns
+    score_reuse_flops: float  # reference over the unique updated turns
     update_flops: float
     logprob_diff_mean: float  # |sampling - recomputed| old log-probs
 
@@ -108,17 +110,23 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
         batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
         rollout_s = time.perf_counter() - started
         turns = batch.turns
-        args = (actor, rl.reference, turns, rl.pad_token_id, rl.ppo.micro_batch_size)
-        started = time.perf_counter()
-        recomputed = score_turns(*args, recompute_old=True)
+        started = time.perf_counter()  # the old path: actor and reference passes over every turn
+        recomputed = score_turns(actor, rl.reference, turns, rl.pad_token_id, rl.ppo.micro_batch_size,
+                                 recompute_old=True)
         score_recompute_s = time.perf_counter() - started
-        started = time.perf_counter()
-        scored = score_turns(*args, recompute_old=False)
+        started = time.perf_counter()  # the iteration's path: the engine's values, then the credit's, then the ref
+        scored = score_turns(actor, None, turns, rl.pad_token_id, rl.ppo.micro_batch_size)
         score_reuse_s = time.perf_counter() - started
         started = time.perf_counter()
         credit = rl.credit(step_batch(turns, scored.embeddings))
         credit_s = time.perf_counter() - started
         advantages = credit.advantage.to(torch.float32)
+        trained = updated_steps(turns, advantages, rl.ppo.skip_zero_advantage)
+        if rl.reference is not None:
+            started = time.perf_counter()
+            scored = replace(scored, ref_logprobs=reference_logprobs(
+                rl.reference, turns, trained, rl.pad_token_id, rl.ppo.micro_batch_size))
+            score_reuse_s += time.perf_counter() - started
         optimizer = optimizer_factory(actor.parameters())
         started = time.perf_counter()
         ppo_update(actor, optimizer, lambda loss: loss.backward(), turns, scored, advantages, rl.ppo,
@@ -126,13 +134,14 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
         update_s = time.perf_counter() - started
     actor.load_state_dict(weights)
     unique = sorted(set(first_of_each(turns)))
-    trained = updated_steps(turns, advantages, rl.ppo.skip_zero_advantage)
+    unique_trained = sorted({first_of_each(turns)[i] for i in trained})
     diffs = [(torch.tensor(t.sample_logprobs) - old).abs() for t, old in zip(turns, recomputed.old_logprobs)
              if t.response_ids]
     return PhaseTimes(
         rollout_s, score_recompute_s, score_reuse_s, credit_s, update_s, batch.generated_tokens, len(turns),
         rollout_flops=sum(turn_flops(shape, t) for t in turns),
-        score_actor_flops=sum(turn_flops(shape, turns[i]) for i in unique),
+        score_recompute_flops=(2 if rl.reference is not None else 1) * sum(turn_flops(shape, turns[i]) for i in unique),
+        score_reuse_flops=sum(turn_flops(shape, turns[i]) for i in unique_trained) if rl.reference is not None else 0.0,
         update_flops=3.0 * rl.ppo.epochs * sum(turn_flops(shape, turns[i]) for i in trained),
         logprob_diff_mean=float(torch.cat(diffs).mean()) if diffs else 0.0,
     )
@@ -142,24 +151,23 @@ def _median(runs: list[PhaseTimes], name: str) -> float:
     return statistics.median(getattr(r, name) for r in runs)
 
 
-def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, float], has_reference: bool) -> str:
-    passes = 2 if has_reference else 1
+def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, float]) -> str:
     rows = [
-        ("rollout", "rollout_s", "rollout_flops", 1),
-        ("score, recompute (actor + ref)", "score_recompute_s", "score_actor_flops", passes),
-        ("score, reuse (ref only)", "score_reuse_s", "score_actor_flops", passes - 1),
-        ("credit", "credit_s", None, 0),
-        ("update", "update_s", "update_flops", 1),
+        ("rollout", "rollout_s", "rollout_flops"),
+        ("score, recompute (actor + ref, all steps)", "score_recompute_s", "score_recompute_flops"),
+        ("score, reuse (ref, updated steps)", "score_reuse_s", "score_reuse_flops"),
+        ("credit", "credit_s", None),
+        ("update", "update_s", "update_flops"),
     ]
     lines = [f"## {label}", "",
              "| phase | " + " | ".join(f"{p} s | {p} GFLOP/s (% peak)" for p in runs) + " | float32 / bf16 |",
-             "|---|" + "---:|---:|" * len(runs) + "---:|"]
-    for name, time_key, flop_key, multiplier in rows:
+             "|---|" + "---:|---:|" * len(runs) + "---:|"]  # the ratio column reads "-" with one precision
+    for name, time_key, flop_key in rows:
         cells = []
         for precision, measured in runs.items():
             seconds = _median(measured, time_key)
-            if flop_key and multiplier and seconds > 0:
-                gflops = multiplier * _median(measured, flop_key) / seconds / 1e9
+            if flop_key and seconds > 0 and _median(measured, flop_key) > 0:
+                gflops = _median(measured, flop_key) / seconds / 1e9
                 cells.append(f"{seconds:.2f} | {gflops:.1f} ({100 * gflops / peaks[precision]:.0f}%)")
             else:
                 cells.append(f"{seconds:.3f} | -")
@@ -200,7 +208,10 @@ def bench_iteration(args: argparse.Namespace) -> None:
             peaks = {"float32": matmul_peak_gflops(shape, torch.float32),
                      "bf16": matmul_peak_gflops(shape, torch.bfloat16)}
             optimizer_factory = instantiate(cfg.optim)
-            precisions = {"float32": False, "bf16": True} if not args.float32_only else {"float32": False}
+            precisions = {"float32": False}
+            if args.bf16 == "on" or (args.bf16 == "auto" and (rl.actor.device.type == "cuda"
+                                                              or cpu_has_fast_bf16() is not False)):
+                precisions["bf16"] = True
             runs: dict[str, list[PhaseTimes]] = {p: [] for p in precisions}
             for repeat in range(args.repeats):
                 tasks = run.datamodule.train_batch().tasks
@@ -219,8 +230,9 @@ def bench_iteration(args: argparse.Namespace) -> None:
         f"{args.repeats} repeat(s), {torch.get_num_threads()} torch thread(s)",
         f"matmul peak [4096 x {shape.hidden} x {shape.intermediate}]: "
         + ", ".join(f"{p} {g:.0f} GFLOP/s" for p, g in peaks.items()),
+        f"CPU bf16 support (AMX-BF16 or AVX512-BF16): {cpu_has_fast_bf16()}" if rl.actor.device.type == "cpu" else "",
         "",
-        _report("medians per phase", runs, peaks, rl.reference is not None),
+        _report("medians per phase", runs, peaks),
         "",
     ]
     old = _iteration_s(runs["float32"], reuse=False)
@@ -241,7 +253,9 @@ def add_parser(sub) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. model=smollm2-135m")
     parser.add_argument("--repeats", type=int, default=2, help="iterations measured per precision (medians)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--float32-only", action="store_true", help="skip the bf16 measurement")
+    parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
+                        help="also measure bf16 autocast (auto: unless the CPU lacks AMX-BF16/AVX512-BF16, where bf16 "
+                             "matmuls are emulated; their peak is printed either way)")
     parser.add_argument("--profile-rollout", type=int, default=0, metavar="N",
                         help="also profile one float32 rollout and print its top N functions")
     parser.set_defaults(run=bench_iteration)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, open_dict
 
 from progpo import dist
 from progpo.config import ConfigError, RunConfig, preflight_model, validate_config
+from progpo.hardware import cpu_has_fast_bf16
 from progpo.runs import (
     check_world_size,
     default_run_name,
@@ -88,6 +89,10 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
 
     if typed.trainer.uses_cuda and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
+    if typed.trainer.precision.startswith("bf16") and not typed.trainer.uses_cuda and cpu_has_fast_bf16() is False:
+        log.warning("trainer.precision=%s on a CPU without AMX-BF16 or AVX512-BF16: bf16 matmuls are emulated here "
+                    "and slower than float32 (python -m progpo.bench iteration measures both); trainer.precision=32-true "
+                    "is faster on this machine", typed.trainer.precision)
     if dist.is_primary():  # the other ranks of a distributed run write nothing of their own
         run_dir.mkdir(parents=True, exist_ok=True)
     if typed.torch_threads:

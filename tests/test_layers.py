@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.loss": set(),
     "progpo.credit": set(),
     "progpo.config": set(),
+    "progpo.hardware": set(),  # CPU feature flags: a leaf
     "progpo.dist": set(),  # rank, world size, gathers: a leaf (torch.distributed only)
     "progpo.tracking": {"progpo.config"},
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},

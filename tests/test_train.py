@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -113,3 +114,31 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path):
     assert {"train/steps", "train/success", "loss/policy", "loss/kl", "train/advantage_abs_mean"} <= set(compared)
     for key in compared:
         assert b[key] == pytest.approx(a[key], abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_bf16_mixed_on_cpu_runs_generation_scoring_and_update_in_bf16_with_float32_state(tmp_path):
+    """``trainer.precision=bf16-mixed``: Lightning's CPU autocast covers the whole iteration (rollout, scoring, update);
+    the weights, the optimizer state, the log-probs and the loss stay float32."""
+    import lightning as L
+
+    seen: dict[str, set] = {"head": set()}
+
+    class Inspect(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            head = pl_module.actor.get_output_embeddings()
+            head.register_forward_hook(lambda mod, args, out: seen["head"].add(out.dtype))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            optimizer = trainer.optimizers[0]
+            seen["state"] = {v.dtype for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)
+                             and v.dim() > 0}
+            seen["params"] = {p.dtype for p in pl_module.actor.parameters()}
+            seen["metrics"] = outputs["result"].metrics
+
+    metrics, _ = train(_cfg(tmp_path, "trainer.precision=bf16-mixed", "ppo.entropy_coef=0.01",
+                            "ppo.skip_zero_advantage=false"), callbacks=[Inspect()])
+    assert seen["head"] == {torch.bfloat16}  # every LM-head call of the iteration ran under bf16 autocast
+    assert seen["params"] == {torch.float32} and seen["state"] == {torch.float32}
+    for key in ("loss/total", "loss/kl", "train/success", "val/success"):
+        assert math.isfinite(metrics[key]), key

@@ -1,4 +1,4 @@
-"""One RL iteration, top to bottom: collect -> score -> credit -> update -> push weights -> metrics.
+"""One RL iteration, top to bottom: collect -> score -> credit -> reference -> update -> push weights -> metrics.
 
 This is the file to read to know what training does. ``RLIteration.run`` takes the tasks of one iteration (the
 DataModule samples them from (seed, iteration) only) and returns a typed :class:`IterationResult`; Lightning
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,8 +19,8 @@ import torch
 from progpo import dist
 from progpo.algo.credit import batch_credit
 from progpo.algo.metrics import batch_episode_metrics, iteration_metrics, sampler_mismatch
-from progpo.algo.ppo import ppo_update
-from progpo.algo.scoring import score_turns
+from progpo.algo.ppo import ppo_update, updated_steps
+from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.config import PPOConfig
 from progpo.credit import CreditResult, StepBatch
 from progpo.types import RolloutBatch, Turn
@@ -111,9 +111,9 @@ class RLIteration:
         # 1. Collect: B tasks x N rollouts with the weights the engine holds (synced at the end of the last one).
         batch = self.collector.collect(tasks.tasks, self.group_size, first_group=tasks.first_group)
         # 2. Score with the same weights: old log-probs and state embeddings (reused from the HF engine's sampling
-        #    unless ppo.recompute_old_logprobs), reference log-probs.
+        #    unless ppo.recompute_old_logprobs).
         started = time.perf_counter()
-        scored = score_turns(self.actor, self.reference, batch.turns, self.pad_token_id, self.ppo.micro_batch_size,
+        scored = score_turns(self.actor, None, batch.turns, self.pad_token_id, self.ppo.micro_batch_size,
                              recompute_old=self.ppo.recompute_old_logprobs)
         score_s = time.perf_counter() - started
         # 3. Credit: one advantage per step, computed over the steps of all ranks.
@@ -121,6 +121,13 @@ class RLIteration:
         credit = batch_credit(self.credit, step_batch(batch.turns, scored.embeddings))
         credit_s = time.perf_counter() - started
         advantages = credit.advantage.to(torch.float32)
+        # 3b. Reference log-probs, for the KL of the steps the update trains on only.
+        if self.reference is not None:
+            started = time.perf_counter()
+            trained = updated_steps(batch.turns, advantages, self.ppo.skip_zero_advantage)
+            scored = replace(scored, ref_logprobs=reference_logprobs(
+                self.reference, batch.turns, trained, self.pad_token_id, self.ppo.micro_batch_size))
+            score_s += time.perf_counter() - started
         # 4. Update: PPO epochs of clipped-surrogate minibatches.
         started = time.perf_counter()
         update = ppo_update(self.actor, optimizer, backward, batch.turns, scored, advantages, self.ppo,

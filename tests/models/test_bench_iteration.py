@@ -37,10 +37,12 @@ def test_forward_flops_match_torchs_flop_counter():
 
 @pytest.mark.slow
 def test_bench_iteration_command_reports_every_phase_for_both_precisions(capsys):
-    bench_main(["iteration", "experiment=fast_dev", "--repeats", "1"])
+    # every step in the update, so the reference pass has steps to score even when the tiny warm start wins nothing
+    bench_main(["iteration", "experiment=fast_dev", "ppo.skip_zero_advantage=false", "--repeats", "1", "--bf16", "on"])
     out = capsys.readouterr().out
     assert "matmul peak" in out and "float32" in out and "bf16" in out
-    for phase in ("| rollout |", "| score, recompute (actor + ref) |", "| score, reuse (ref only) |", "| update |"):
+    for phase in ("| rollout |", "| score, recompute (actor + ref, all steps) |", "| score, reuse (ref, updated steps) |",
+                  "| update |"):
         row = next(line for line in out.splitlines() if line.startswith(phase))
         assert "GFLOP/s" not in row and "%" in row  # a measured rate against the peak on every FLOP-counted phase
     assert "old path (float32, recompute old log-probs)" in out and out.count("x faster") == 2

@@ -165,3 +165,15 @@ def test_reused_scoring_runs_only_the_reference_and_other_temperatures_recompute
     calls.clear()
     score_turns(module.actor, module.reference, hot, module.pad, 4)
     assert any(model is module.actor for model in calls)
+
+
+def test_reference_logprobs_of_some_steps_equal_those_of_all_steps_there_and_none_elsewhere(tiny_policy):
+    from progpo.algo.scoring import reference_logprobs
+
+    module = Update(tiny_policy)
+    turns = _turns(tiny_policy.tokenizer)
+    full = score_turns(module.actor, module.reference, turns, module.pad, 4).ref_logprobs
+    some = reference_logprobs(module.reference, turns, [1, 4, 8], module.pad, 4)
+    assert [i for i, r in enumerate(some) if r is not None] == [1, 4, 8]
+    for i in (1, 4, 8):
+        torch.testing.assert_close(some[i], full[i], atol=1e-6, rtol=0)
