@@ -133,8 +133,9 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
                    rl.pad_token_id, seed=seed)
         update_s = time.perf_counter() - started
     actor.load_state_dict(weights)
-    unique = sorted(set(first_of_each(turns)))
-    unique_trained = sorted({first_of_each(turns)[i] for i in trained})
+    representative = first_of_each(turns)
+    unique = sorted(set(representative))
+    unique_trained = sorted({representative[i] for i in trained})
     diffs = [(torch.tensor(t.sample_logprobs) - old).abs() for t, old in zip(turns, recomputed.old_logprobs)
              if t.response_ids]
     return PhaseTimes(
