@@ -76,6 +76,7 @@ class RolloutCollector:
                 greedy=greedy,
                 admissible=[state.observations[i].admissible_actions for i in active],
                 temperature=temperature,
+                task_texts=[state.observations[i].task_description for i in active],
             )
             generated_tokens += generation.n_generated_tokens
             actions = {
