@@ -15,6 +15,11 @@ such as WebShop's ``search[<query>]``, cannot be enumerated; it is decoded as ``
 - ``free``: the query's tokens are unconstrained (the full vocabulary) until the text closes with ``]``;
   ``]</action>`` is forced when the budget runs out. A position there is free (``None``), as reasoning is.
 
+Measured on the first step of 40 held-out shop goals (2 samples each, T=1, the warm start of
+``experiment=webshop_laptop``): ``instruction`` wrote a valid search 100% of the time (the goal product in the
+50 hits 14%), ``free`` 5% (0%): the tiny model spells the instruction's words far worse than it picks them, so
+``instruction`` is the default (README, "WebShop on a laptop").
+
 The constrained policy is the one that acts, so it is also the one that is trained: the engine reports, for
 every generated token, the token ids the grammar allowed at that position (``AdmissibleTrie.per_position``;
 ``None`` at a free position), and log-probs everywhere (sampling, old, reference, current) are those of the
