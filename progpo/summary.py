@@ -15,6 +15,10 @@ def summary_table(start: dict[str, float], end: dict[str, float], task_types: Se
         a, b = start.get(key), end.get(key)
         change = f"{100 * (b - a):+.1f}" if a is not None and b is not None else "n/a"
         lines.append(f"| {name} | {_pct(a)} | {_pct(b)} | {change} |")
+    if "val/score" in start or "val/score" in end:
+        a, b = start.get("val/score"), end.get("val/score")
+        change = f"{b - a:+.3f}" if a is not None and b is not None else "n/a"
+        lines.append(f"| score (0-1) | {_num(a)} | {_num(b)} | {change} |")
     for key, label in (("val/episode_length", "episode length"), ("val/invalid_rate", "invalid-action rate")):
         if key in start or key in end:
             a, b = start.get(key), end.get(key)

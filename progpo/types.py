@@ -70,6 +70,7 @@ class Episode:
     length: int
     n_invalid: int
     error: str | None = None
+    score: float | None = None  # the env's task score at the end (WebShop's purchase score), None if it has none
 
 
 @dataclass
@@ -88,7 +89,8 @@ class RolloutBatch:
 
 
 def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
-    """``<prefix>/success`` (and per task type), ``episode_length``, ``invalid_rate``, ``env_errors``."""
+    """``<prefix>/success`` (and per task type), ``episode_length``, ``invalid_rate``, ``env_errors``, and ``score``
+    (mean task score, e.g. WebShop's) when the env reports one."""
     if not episodes:
         return {}
     won = np.array([e.won for e in episodes], dtype=np.float64)
@@ -100,6 +102,9 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float
         f"{prefix}/invalid_rate": float(invalid.sum() / max(lengths.sum(), 1.0)),
         f"{prefix}/env_errors": float(sum(e.error is not None for e in episodes)),
     }
+    scores = [e.score for e in episodes if e.score is not None]
+    if scores:
+        out[f"{prefix}/score"] = float(np.mean(scores))
     for task_type in sorted({e.task.task_type for e in episodes}):
         mask = np.array([e.task.task_type == task_type for e in episodes])
         out[f"{prefix}/success/{task_type}"] = float(won[mask].mean())

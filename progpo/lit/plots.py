@@ -18,11 +18,12 @@ def plot_curves(history: list[dict[str, float]], run_dir: Path, logger: Any) -> 
     from progpo.tracking import log_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for key, style in (("train/success", "-"), ("val/success", "o-")):
+    for key, style in (("train/success", "-"), ("val/success", "o-"), ("train/score", "--"), ("val/score", "s--")):
         points = [(row["step"], row[key]) for row in history if key in row]
         if points:
             axes[0].plot(*zip(*points), style, label=key)
-    axes[0].set(xlabel="iteration", ylabel="success rate", ylim=(-0.02, 1.02), title="success")
+    axes[0].set(xlabel="iteration", ylabel="success rate (score: 0-1)", ylim=(-0.02, 1.02),
+                title="success" + (" and score" if any("val/score" in row for row in history) else ""))
     axes[0].legend()
     for name in DIAGNOSTIC_STATS:
         points = [(row["step"], row[f"credit/{name}"]) for row in history if f"credit/{name}" in row]

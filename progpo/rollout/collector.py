@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from envs.base import EnvSuite, Observation, Task, obs_id
 from progpo.rollout.projection import project_action
@@ -71,6 +72,8 @@ class RolloutCollector:
         pool = self._pool(len(env_tasks))
         state = _Playing(env_tasks, list(pool.reset(env_tasks)), group_size, first_group * group_size)
         generated_tokens = env_steps = 0
+        # A collection lasts seconds to minutes: say how far it is (finished episodes, longest episode's step).
+        bar = tqdm(total=len(env_tasks), desc="episodes", unit="ep", leave=False, mininterval=5)
         while state.active:
             active = list(state.active)
             prompts = [self._prompt(state, i) for i in active]
@@ -79,6 +82,7 @@ class RolloutCollector:
                 greedy=greedy,
                 admissible=[state.observations[i].admissible_actions for i in active],
                 temperature=temperature,
+                task_texts=[state.observations[i].task_description for i in active],
             )
             generated_tokens += generation.n_generated_tokens
             actions = {
@@ -89,6 +93,9 @@ class RolloutCollector:
             env_steps += len(active)
             for k, i in enumerate(active):
                 state.record(i, prompts[k], generation, k, actions[i], results[i], self.max_steps)
+            bar.update(len(active) - len(state.active))
+            bar.set_postfix(step=int(state.steps.max()), refresh=False)
+        bar.close()
         return RolloutBatch(
             turns=state.turns,
             episodes=state.episodes(),
@@ -118,6 +125,7 @@ class _Playing:
         self.invalid = np.zeros(n, dtype=np.int64)
         self.won = np.zeros(n, dtype=bool)
         self.errors: list[str | None] = [None] * n
+        self.scores: list[float | None] = [None] * n  # the env's task score after the last step (WebShop)
         self.active: list[int] = list(range(n))
         self.turns: list[Turn] = []
 
@@ -130,6 +138,8 @@ class _Playing:
         self.won[i] = self.won[i] or bool(info.won)
         if info.extra.get("error"):
             self.errors[i] = str(info.extra["error"])
+        if "task_score" in info.extra:
+            self.scores[i] = float(info.extra["task_score"])
         traj = self.first_traj + i
         self.turns.append(Turn(
             traj=traj,
@@ -154,7 +164,8 @@ class _Playing:
 
     def episodes(self) -> list[Episode]:
         return [
-            Episode(traj=self.first_traj + i, group=(self.first_traj + i) // self.group_size, task=task, won=bool(self.won[i]), length=int(self.steps[i]),
-                    n_invalid=int(self.invalid[i]), error=self.errors[i])
+            Episode(traj=self.first_traj + i, group=(self.first_traj + i) // self.group_size, task=task,
+                    won=bool(self.won[i]), length=int(self.steps[i]), n_invalid=int(self.invalid[i]),
+                    error=self.errors[i], score=self.scores[i])
             for i, task in enumerate(self.tasks)
         ]

@@ -42,6 +42,36 @@ def find_admissible(text: str, admissible: Sequence[str]) -> str | None:
     return None
 
 
+PLACEHOLDER = re.compile(r"<[A-Za-z_]+>")  # a command's free part, e.g. WebShop's search[<query>]
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def has_placeholder(command: str) -> bool:
+    return PLACEHOLDER.search(command) is not None
+
+
+def query_words(text: str) -> tuple[str, ...]:
+    """The words a constrained query may use: lower-cased alphanumeric words of ``text``, first occurrence order.
+
+    The shop's search tokenises the same way (``envs.webshop.search.tokenize``), so splitting ``x-large`` or
+    ``40.00`` into words loses nothing a search could use.
+    """
+    return tuple(dict.fromkeys(_WORD.findall(text.lower())))
+
+
+def fills_placeholder(text: str, command: str) -> bool:
+    """Whether ``text`` is ``command`` with its placeholder (``search[<query>]``) filled by non-empty text.
+
+    Compared up to case and whitespace, as ``find_admissible`` compares; a command without a placeholder never
+    matches here."""
+    parts = PLACEHOLDER.split(normalize_action(command))
+    if len(parts) < 2:
+        return False
+    pattern = "(.+)".join(re.escape(p) for p in parts)
+    m = re.fullmatch(pattern, normalize_action(text), re.DOTALL)
+    return m is not None and all(g.strip() and not PLACEHOLDER.fullmatch(g.strip()) for g in m.groups())
+
+
 def extract_action(text: str) -> str | None:
     """Content of the last closed ``<action>...</action>`` tag, or None when there is none.
 

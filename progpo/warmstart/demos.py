@@ -16,7 +16,13 @@ from tqdm.auto import tqdm
 
 from envs.base import EnvSuite
 from progpo.config.groups import WarmStartConfig
-from progpo.rollout.projection import find_admissible
+from progpo.rollout.projection import (
+    PLACEHOLDER,
+    fills_placeholder,
+    find_admissible,
+    has_placeholder,
+    query_words,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +50,16 @@ class DemoStats:
 
 
 def _canonical(action: str, admissible: Sequence[str]) -> str | None:
-    """The admissible command equal to ``action`` up to case/whitespace; ``action`` itself if none is listed."""
-    return find_admissible(action, admissible) if admissible else action
+    """The admissible command ``action`` names: an enumerated one equal to it up to case/whitespace, or ``action``
+    itself (whitespace collapsed) when it fills a placeholder command such as ``search[<query>]`` (WebShop's
+    expert searches with a query built from the goal's instruction: that query is the label); ``action`` itself
+    if nothing is listed; None if it is not admissible."""
+    if not admissible:
+        return action
+    found = find_admissible(action, admissible)
+    if found is not None:
+        return found
+    return " ".join(action.split()) if any(fills_placeholder(action, c) for c in admissible) else None
 
 
 def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep], DemoStats]:
@@ -92,7 +106,7 @@ def _play_episode(env, task, episode: int, max_steps: int, cfg: WarmStartConfig,
         else:
             demos.append(DemoStep(obs.task_description, obs.text, tuple(obs.admissible_actions), tuple(past),
                                   label, episode))
-        action = _executed_action(label, obs.admissible_actions, seen, cfg, rng, stats)
+        action = _executed_action(label, obs.admissible_actions, seen, cfg, rng, stats, obs.task_description)
         seen.update(dict.fromkeys(obs.admissible_actions))
         past.append((obs.text, action))
         obs, _reward, done, info = env.step(action)
@@ -102,11 +116,15 @@ def _play_episode(env, task, episode: int, max_steps: int, cfg: WarmStartConfig,
 
 
 def _executed_action(label: str, admissible: Sequence[str], seen: dict[str, None], cfg: WarmStartConfig,
-                     rng: random.Random, stats: DemoStats) -> str:
-    """The expert's ``label``, or (with the configured noise) a stale command or another admissible one."""
+                     rng: random.Random, stats: DemoStats, task: str = "") -> str:
+    """The expert's ``label``, or (with the configured noise) a stale command or another admissible one.
+
+    A placeholder command (``search[<query>]``) is never executed as listed: its noisy version fills it with a
+    few random words of the instruction (a poor search, whose results page the expert then backs out of)."""
     now = set(admissible)
-    stale = [a for a in seen if a not in now]
-    others = [a for a in admissible if a != label]
+    stale = [a for a in seen if a not in now and not has_placeholder(a)]
+    others = [_filled(a, task, rng) if has_placeholder(a) else a for a in admissible]
+    others = [a for a in others if a is not None and a != label]
     draw = rng.random()
     if stale and draw < cfg.invalid_noise:
         stats.invalid_steps += 1
@@ -115,6 +133,15 @@ def _executed_action(label: str, admissible: Sequence[str], seen: dict[str, None
         stats.noisy_steps += 1
         return rng.choice(others)
     return label
+
+
+def _filled(command: str, task: str, rng: random.Random) -> str | None:
+    """``command`` with its placeholder replaced by 1-3 random words of ``task`` (None without words)."""
+    words = query_words(task)
+    if not words:
+        return None
+    query = " ".join(rng.sample(words, min(len(words), rng.randint(1, 3))))
+    return PLACEHOLDER.sub(query, command, count=1)
 
 
 def response_text(action: str) -> str:

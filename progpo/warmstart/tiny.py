@@ -98,6 +98,10 @@ def build_tiny(
         "env": {"name": suite.name, "train_tasks": tasks_fingerprint(used_tasks), "max_steps": suite.max_steps},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
+    if suite.name.startswith("webshop"):
+        # Its demos label the expert's searches since issue 18 (they were dropped): builds cached before are not
+        # re-used. A key of its own, not a BUILD_VERSION bump, so that every other env's cached builds stay valid.
+        params["demos"] = "searches labelled"
 
     def build(out: Path) -> dict[str, Any]:
         return _build_into(out, suite, ws, shape, demo_episodes, history, max_new_tokens, prompt_style, seed,

@@ -14,8 +14,16 @@ from envs.webshop import make_suite
 CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "webshop.yaml"
 
 
-def test_config_documents_every_argument_with_defaults():
+def _env_file():
+    """The env group file as Hydra places it under ``env``: its ``defaults`` list (the warm start it picks) is
+    Hydra's, not the suite's."""
     cfg = OmegaConf.load(CONF)
+    assert list(cfg.pop("defaults")) == [{"override /warm_start@_global_.warm_start": "webshop"}, "_self_"]
+    return cfg
+
+
+def test_config_documents_every_argument_with_defaults():
+    cfg = _env_file()
     params = inspect.signature(make_suite).parameters
     assert set(cfg) - {"_target_"} == set(params)
     for name, param in params.items():
@@ -24,7 +32,7 @@ def test_config_documents_every_argument_with_defaults():
 
 
 def test_instantiate_with_fast_dev_overrides_and_run_one_episode():
-    cfg = OmegaConf.merge(OmegaConf.load(CONF), {"n_train": 12, "n_eval": 6, "max_steps": 6})
+    cfg = OmegaConf.merge(_env_file(), {"n_train": 12, "n_eval": 6, "max_steps": 6})
     suite = instantiate(cfg)
     assert isinstance(suite, EnvSuite)
     assert (len(suite.train_tasks), len(suite.eval_tasks), suite.max_steps) == (12, 6, 6)
@@ -35,3 +43,19 @@ def test_instantiate_with_fast_dev_overrides_and_run_one_episode():
         _, _, done, info = env.step(env.expert_action())
         steps += 1
     assert steps <= 6 and info.won
+
+
+def test_env_webshop_picks_its_own_warm_start_and_the_command_line_still_wins():
+    from hydra import compose, initialize_config_dir
+
+    conf = str(CONF.parents[1])
+    with initialize_config_dir(conf, version_base=None):
+        shop = compose("config", overrides=["env=webshop"])
+        alfworld = compose("config", overrides=["env=alfworld"])
+        mine = compose("config", overrides=["env=webshop", "warm_start.epochs=5"])
+        laptop = compose("config", overrides=["experiment=webshop_laptop"])
+    assert (shop.warm_start.n_episodes, shop.warm_start.epochs) == (150, 2)
+    assert shop.warm_start.lr == alfworld.warm_start.lr  # the rest is the default's
+    assert (alfworld.warm_start.n_episodes, alfworld.warm_start.epochs) == (400, 3)
+    assert mine.warm_start.epochs == 5
+    assert laptop.env.max_steps == 15 and laptop.rollout.tasks_per_batch == 4 and laptop.warm_start.n_episodes == 100

@@ -39,7 +39,8 @@ class Engine(Protocol):
     """Rollout generation backend (``conf/rollout/*.yaml`` ``engine:``), built with ``policy=`` at run time.
 
     ``generate(temperature=...)`` overrides the configured sampling temperature for one call (sampled
-    evaluation); ``greedy=True`` wins over it.
+    evaluation); ``greedy=True`` wins over it. ``admissible`` and ``task_texts`` (one per prompt: the commands and
+    the task's instruction) are what a constrained engine decodes to; a free one ignores them.
     """
 
     def generate(
@@ -48,6 +49,7 @@ class Engine(Protocol):
         greedy: bool = False,
         admissible: Any = None,
         temperature: float | None = None,
+        task_texts: Any = None,
     ) -> Generation: ...
 
     def sync_weights(self, model: Any) -> None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS, DEFAULT_STOP, Generation, check_sampling
-from progpo.rollout.engines.constrained import AdmissibleTrie, allowed_sequences
+from progpo.rollout.engines.constrained import AdmissibleTrie, QueryMode, answer_space, check_query
 from progpo.rollout.projection import ACTION_OPEN
 from progpo.types import Policy
 
@@ -122,6 +122,9 @@ class HFEngine:
             prompt's ``<think>`` part; it ends early where the model writes ``<action>``), then the constrained
             ``<action>cmd</action>`` with the rest of ``max_new_tokens``. Free positions train on the full
             distribution, constrained ones on the renormalised one. 0 = the answer is constrained from its first token.
+        query: constrained only: how a placeholder command such as ``search[<query>]`` is filled: ``instruction``
+            (words of the task's instruction, ``generate(task_texts=...)``) or ``free`` (any tokens until ``]``);
+            see ``progpo.rollout.engines.constrained``.
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class HFEngine:
         stop: Sequence[str] = DEFAULT_STOP,
         constrain_to_admissible: bool | None = None,
         reasoning_tokens: int = 0,
+        query: QueryMode = "instruction",
     ) -> None:
         check_sampling(temperature, top_p, top_k, max_new_tokens)
         if constrain_to_admissible is None:
@@ -148,6 +152,8 @@ class HFEngine:
                 f"constrained <action> has room, got {reasoning_tokens}"
             )
         self.reasoning_tokens = int(reasoning_tokens)
+        check_query(query)
+        self.query = query
         self.policy = policy
         self.temperature = float(temperature)
         self.top_p = float(top_p)
@@ -180,10 +186,12 @@ class HFEngine:
         greedy: bool = False,
         admissible: Sequence[Sequence[str]] | None = None,
         temperature: float | None = None,
+        task_texts: Sequence[str] | None = None,
     ) -> Generation:
         """Generate one response per prompt (order kept); prompts are token ids from ``PromptBuilder``.
 
-        ``admissible`` (one list per prompt) is used only with ``constrain_to_admissible``. ``temperature``
+        ``admissible`` (one list per prompt) and ``task_texts`` (each prompt's task instruction, the words a
+        constrained search query may use) are used only with ``constrain_to_admissible``. ``temperature``
         overrides the engine's sampling temperature for this call (sampled evaluation).
         """
         if not prompts:
@@ -213,7 +221,10 @@ class HFEngine:
                     allowed = None
                     if self.constrain_to_admissible and admissible is not None:
                         tok = self.policy.tokenizer
-                        allowed = [allowed_sequences(tok, admissible[i], self.eos_ids[0]) for i in rows]
+                        budget = self.max_new_tokens - self.reasoning_tokens
+                        allowed = [answer_space(tok, admissible[i], self.eos_ids[0],
+                                                task_texts[i] if task_texts is not None else None, budget, self.query)
+                                   for i in rows]
                     generate = self._generate_reasoned if allowed and self.reasoning_tokens else self._generate_batch
                     batch = generate([prompts[i] for i in rows], greedy, temperature, allowed)
                     for row, result in zip(rows, batch):

@@ -197,9 +197,11 @@ class VLLMEngine:
         return self._sampling(temperature=temperature, top_p=self.top_p, top_k=self.top_k, **common)
 
     def generate(
-        self, prompts: list[list[int]], greedy: bool = False, admissible=None, temperature: float | None = None
+        self, prompts: list[list[int]], greedy: bool = False, admissible=None, temperature: float | None = None,
+        task_texts=None,
     ) -> Generation:
-        """Generate one response per prompt (order kept). ``admissible`` is accepted and ignored: vLLM decodes
+        """Generate one response per prompt (order kept). ``admissible`` and ``task_texts`` are accepted and
+        ignored: vLLM decodes
         freely, as in the paper (the env penalises invalid commands). ``temperature`` overrides the engine's
         sampling temperature for this call (evaluation)."""
         if not prompts:
