@@ -1,7 +1,9 @@
 """Benchmarks, run as ``python -m progpo.bench SUBCOMMAND``.
 
 ``iteration``: one training iteration's phases, float32 against bf16, against the machine's matmul peak
-(``progpo.bench_iteration``). ``knn``: ProGPO's semantic search, torch against faiss.
+(``progpo.bench_iteration``). ``decoding``: the HF engine's KV-cache loop against transformers ``generate`` on
+one iteration's recorded engine calls (``progpo.bench_decoding``). ``knn``: ProGPO's semantic search, torch
+against faiss.
 
 ``credit``: builds a paper-scale synthetic rollout batch (16 tasks x 8 rollouts x up to 50 steps, realistic
 state recurrence, 1536-dim float32 embeddings) and prints, for every credit estimator, the median wall time
@@ -26,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from progpo import bench_iteration
+from progpo import bench_decoding, bench_iteration
 from progpo.credit import GRPO, HGPO, GiGPO, ProGPO, StepBatch
 
 __all__ = ["main", "synthetic_batch"]
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     knn.add_argument("--seed", type=int, default=0)
     knn.set_defaults(run=bench_knn)
     bench_iteration.add_parser(sub)
+    bench_decoding.add_parser(sub)
     args = parser.parse_args(argv)
     args.run(args)
 

@@ -116,30 +116,24 @@ def test_vllm_refuses_constrained_decoding_with_the_reason_and_the_fix(tiny_poli
         VLLMEngine(tiny_policy, constrain_to_admissible=True)
 
 
-def test_the_incremental_trie_allows_what_the_plain_definition_allows():
-    """Random answer sets and random walks (on and off the answers, one token per call or a jump): every step the
-    trie's allowed ids equal ``next_tokens`` on the full prefix."""
+def test_the_answer_cursor_allows_what_the_plain_definition_allows():
+    """Random answer sets and random walks (on and off the answers): at every step the cursor's allowed ids
+    equal ``next_tokens`` on the full prefix walked so far."""
     import random
 
-    from progpo.rollout.engines.constrained import AdmissibleTrie, next_tokens
+    from progpo.rollout.engines.constrained import AnswerCursor, AnswerSpace, next_tokens
 
     rng = random.Random(0)
-    eos, vocab, width = 0, 12, 3
-    for trial in range(200):
-        rows = [[[rng.randrange(1, 5) for _ in range(rng.randrange(1, 6))] + [eos] for _ in range(rng.randrange(1, 5))]
-                if rng.random() < 0.8 else None for _ in range(4)]
-        trie = AdmissibleTrie(rows, width, eos)
-        ids = torch.full((len(rows), width), 7)
+    eos, vocab = 0, 12
+    for _ in range(300):
+        options = [[rng.randrange(1, 5) for _ in range(rng.randrange(1, 6))] + [eos] for _ in range(rng.randrange(1, 5))]
+        cursor = AnswerCursor(AnswerSpace(options, (), eos))
+        prefix: list[int] = []
         for _ in range(7):
-            scores = trie(ids, torch.zeros(len(rows), vocab))
-            for r, options in enumerate(rows):
-                allowed = trie.steps[-1][r]
-                prefix = ids[r, width:].tolist()
-                assert allowed == (next_tokens(options, prefix, eos) if options is not None else None)
-                assert torch.isfinite(scores[r]).sum() == (len(allowed) if allowed is not None else vocab)
-            # mostly a token the trie allows, sometimes any token (a free row, or one leaving the set)
-            picks = [rng.choice(trie.steps[-1][r]) if trie.steps[-1][r] and rng.random() < 0.9 else rng.randrange(vocab)
-                     for r in range(len(rows))]
-            ids = torch.cat([ids, torch.tensor(picks).unsqueeze(1)], dim=1)
-            if trial % 10 == 0 and rng.random() < 0.3:  # a call that skips a step: rebuilt from the prefixes
-                ids = torch.cat([ids, torch.randint(0, vocab, (len(rows), 1))], dim=1)
+            allowed = cursor.allowed()
+            assert allowed == next_tokens(options, prefix, eos)
+            assert cursor.allowed() is allowed  # asked twice at one position: computed once
+            # mostly a token the grammar allows, sometimes any token (one leaving the set)
+            token = rng.choice(allowed) if rng.random() < 0.9 else rng.randrange(vocab)
+            cursor.advance(token)
+            prefix.append(token)

@@ -21,7 +21,7 @@ Measured on the first step of 40 held-out shop goals (2 samples each, T=1, the w
 ``instruction`` is the default (README, "WebShop on a laptop").
 
 The constrained policy is the one that acts, so it is also the one that is trained: the engine reports, for
-every generated token, the token ids the grammar allowed at that position (``AdmissibleTrie.per_position``;
+every generated token, the token ids the grammar allowed at that position (``AnswerCursor.allowed``;
 ``None`` at a free position), and log-probs everywhere (sampling, old, reference, current) are those of the
 model's distribution renormalised over the allowed ids (``forward_logprobs(..., allowed=...)``). Training on
 the unconstrained log-probs instead moves probability onto tokens the sampler can never pick (a negative
@@ -35,10 +35,6 @@ import functools
 from collections.abc import Sequence
 from typing import Literal
 
-import torch
-from transformers import LogitsProcessor
-
-from progpo.masks import allowed_mask
 from progpo.rollout.projection import ACTION_CLOSE, ACTION_OPEN, PLACEHOLDER, has_placeholder, query_words
 
 QueryMode = Literal["instruction", "free"]
@@ -287,72 +283,44 @@ def _placeholder_command(tokenizer, command: str, eos_id: int, words: tuple[str,
     return _cached_command(id(tokenizer), command, eos_id, words, budget)
 
 
-class AdmissibleTrie(LogitsProcessor):
-    """Masks every token that would leave the allowed answers of its row (rows with None are free).
+class AnswerCursor:
+    """One row's walk through its answer grammar: the ids allowed next, narrowed by each token taken.
 
-    ``allowed[i]`` is an :class:`AnswerSpace`, a list of whole answers' token ids (enumerated commands), or
-    None. It keeps what it allowed at every generation step (``steps`` and ``masks``, one entry per call), so the
-    engine reports the allowed ids and the constrained log-probs without walking the grammar again. Each row keeps
-    the enumerated answers its prefix is still on and narrows them by the one token generated since the last call,
-    so a step costs O(answers) per row, not O(answers x length); placeholder commands (``search[...]``) read the
-    whole prefix. The result equals ``AnswerSpace.next_ids`` (the plain definition) at every step.
+    The decoder asks ``allowed()`` at every generated position and reports ``advance(token)``. It keeps the
+    enumerated answers the prefix is still on, so a step costs O(answers), not O(answers x length); placeholder
+    commands (``search[...]``) read the whole prefix. ``allowed()`` equals ``AnswerSpace.next_ids`` on the
+    prefix walked so far (the plain definition; tested on random grammars and walks), and a position where it
+    returns one id is forced: the decoder appends it without a model call (its renormalised log-prob is 0).
     """
 
-    def __init__(self, allowed: list[AnswerSpace | list[list[int]] | None], prompt_width: int, eos_id: int) -> None:
-        self.allowed = [AnswerSpace(a, (), eos_id) if isinstance(a, list) else a for a in allowed]
-        self.prompt_width = prompt_width
-        self.eos_id = eos_id
-        self.steps: list[list[list[int] | None]] = []  # [step][row] allowed ids (None: free)
-        self.masks: list[torch.Tensor] = []  # [step] [rows, V] bool
-        self._alive: list[list[int] | None] = [list(range(len(a.options))) if a is not None else None
-                                               for a in self.allowed]
-        self._generated = 0  # tokens generated when _alive was last narrowed
+    def __init__(self, space: AnswerSpace) -> None:
+        self.space = space
+        self.prefix: list[int] = []
+        self._alive = list(range(len(space.options)))
+        self._next: list[int] | None = None
+        self._known = False  # whether _next holds the answer for the current prefix
 
-    def _narrow(self, input_ids: torch.LongTensor) -> int:
-        generated = input_ids.shape[1] - self.prompt_width
-        if generated == self._generated + 1:  # the usual case: one new token per row since the last call
-            last = input_ids[:, -1].tolist()
-            t = self._generated
-            self._alive = [
-                [k for k in alive if len(space.options[k]) > t and space.options[k][t] == last[row]]
-                if alive is not None else None
-                for row, (space, alive) in enumerate(zip(self.allowed, self._alive))
-            ]
-        elif generated != self._generated:  # anything else: from the full prefixes
-            prefixes = input_ids[:, self.prompt_width :].tolist()
-            self._alive = [
-                [k for k, seq in enumerate(space.options) if len(seq) >= generated and seq[:generated] == prefix]
-                if space is not None else None
-                for space, prefix in zip(self.allowed, prefixes)
-            ]
-        self._generated = generated
-        return generated
+    def allowed(self) -> list[int] | None:
+        """Sorted ids allowed at the next position; None at a free position; eos once the answer is complete."""
+        if not self._known:
+            self._next = self._compute()
+            self._known = True
+        return self._next
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        t = self._narrow(input_ids)
-        needs_prefix = any(space is not None and space.templates for space in self.allowed)
-        prefixes = input_ids[:, self.prompt_width :].tolist() if needs_prefix else None
-        step: list[list[int] | None] = []
-        for row, (space, alive) in enumerate(zip(self.allowed, self._alive)):
-            if space is None:
-                step.append(None)
-                continue
-            ids = {space.options[k][t] for k in alive if len(space.options[k]) > t}
-            free = False
-            for template in space.templates:
-                more = template.next_ids(prefixes[row])
-                if more is None:  # a free position (a free query)
-                    free = True
-                    break
-                ids |= more
-            step.append(None if free else (sorted(ids) or [self.eos_id]))
-        mask = allowed_mask(step, scores.shape[-1], scores.device)
-        self.steps.append(step)
-        self.masks.append(mask)
-        return scores.masked_fill(~mask, float("-inf"))
+    def _compute(self) -> list[int] | None:
+        t = len(self.prefix)
+        options = self.space.options
+        ids = {options[k][t] for k in self._alive if len(options[k]) > t}
+        for template in self.space.templates:
+            more = template.next_ids(self.prefix)
+            if more is None:  # a free position (a free query)
+                return None
+            ids |= more
+        return sorted(ids) or [self.space.eos_id]
 
-    def per_position(self, row: int, length: int) -> list[list[int] | None] | None:
-        """The ids allowed at each of the first ``length`` generated positions of ``row`` (None: free row)."""
-        if self.allowed[row] is None:
-            return None
-        return [self.steps[t][row] for t in range(length)]
+    def advance(self, token: int) -> None:
+        t = len(self.prefix)
+        options = self.space.options
+        self._alive = [k for k in self._alive if len(options[k]) > t and options[k][t] == token]
+        self.prefix.append(int(token))
+        self._known = False

@@ -1,8 +1,10 @@
-"""Generation with transformers ``generate`` on the actor itself (no copy, so no weight sync).
+"""Generation on the actor itself with transformers models (no copy, so no weight sync).
 
 The CPU default and the reference implementation the vLLM engine is checked against. Prompts are sorted
-by length and left-padded in batches, so a batch holds only the prompts of still-active envs and wastes
-little padding; each sequence stops at eos or as soon as its text contains a stop string.
+by length (identical ones side by side, so each is prefilled once) and left-padded in batches, so a batch
+holds only the prompts of still-active envs and wastes little padding; each sequence stops at eos or as soon
+as its text contains a stop string. The decoding loop is ``progpo.rollout.engines.kv_decoding`` (forced
+tokens of constrained answers cost no model call).
 """
 
 from __future__ import annotations
@@ -10,14 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS, DEFAULT_STOP, Generation, check_sampling
-from progpo.rollout.engines.constrained import AdmissibleTrie, QueryMode, answer_space, check_query
+from progpo.rollout.engines.constrained import AnswerCursor, AnswerSpace, QueryMode, answer_space, check_query
+from progpo.rollout.engines.kv_decoding import DecodedRow, Sampling, StopRule, decode
 from progpo.rollout.projection import ACTION_OPEN
 from progpo.types import Policy
 
@@ -37,70 +37,6 @@ def eos_token_ids(tokenizer, model) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer has no eos token: set tokenizer.eos_token before generating")
     return sorted(ids)
-
-
-class _StopTracker(StoppingCriteria):
-    """Stops each sequence at eos or once its generated text contains a stop string; records its length."""
-
-    def __init__(
-        self, tokenizer, stop: Sequence[str], eos_ids: list[int], prompt_len: int, batch: int
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.stop = tuple(stop)
-        # A stop string spans at most len(s) tokens, plus one for a token that starts before it.
-        self.tail = max((len(s) for s in self.stop), default=0) + 1
-        self.eos = torch.tensor(eos_ids)
-        self.prompt_len = prompt_len
-        self.done = torch.zeros(batch, dtype=torch.bool)
-        self.lengths = torch.full((batch,), -1, dtype=torch.long)
-
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        n_gen = input_ids.shape[1] - self.prompt_len
-        last = input_ids[:, -1].cpu()
-        newly = ~self.done & torch.isin(last, self.eos)
-        active = (~self.done & ~newly).nonzero().flatten().tolist()
-        if self.stop and active:
-            start = max(self.prompt_len, input_ids.shape[1] - self.tail)
-            tails = self.tokenizer.batch_decode(input_ids[active, start:].cpu(), skip_special_tokens=False)
-            for row, text in zip(active, tails):
-                if any(s in text for s in self.stop):
-                    newly[row] = True
-        self.lengths[newly] = n_gen
-        self.done |= newly
-        return self.done.to(input_ids.device)
-
-
-class _Row(NamedTuple):
-    """One generated response: its ids, their sampling log-probs, the allowed ids per position, the prompt embedding."""
-
-    ids: list[int]
-    logprobs: list[float]
-    allowed: list[list[int] | None] | None
-    prompt_hidden: torch.Tensor | None
-
-
-class _PrefillLastHidden:
-    """Captures the decoder's final hidden state at the last prompt position during ``generate``'s prefill.
-
-    Prompts are left-padded, so that position is the last column of the first (prefill) forward; the decode
-    steps that follow are ignored. This is the state embedding scoring would otherwise recompute.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.decoder = model.get_decoder()
-        self.hidden: torch.Tensor | None = None
-        self._handle = None
-
-    def _hook(self, module, args, output) -> None:
-        if self.hidden is None:
-            self.hidden = output.last_hidden_state[:, -1].detach().float().cpu()
-
-    def __enter__(self) -> _PrefillLastHidden:
-        self._handle = self.decoder.register_forward_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._handle.remove()
 
 
 class HFEngine:
@@ -165,21 +101,6 @@ class HFEngine:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.eos_ids = eos_token_ids(tok, policy.model)
 
-    def _config(self, greedy: bool, temperature: float, max_new_tokens: int) -> GenerationConfig:
-        common = dict(
-            max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_ids,
-            return_dict_in_generate=True,
-            output_logits=True,
-            use_cache=True,
-        )
-        if greedy:
-            return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(
-            do_sample=True, temperature=temperature, top_p=self.top_p, top_k=self.top_k, **common
-        )
-
     def generate(
         self,
         prompts: list[list[int]],
@@ -212,8 +133,8 @@ class HFEngine:
         was_training = model.training
         model.eval()
         started = time.perf_counter()
-        results: list[_Row] = [_Row([], [], None, None)] * len(prompts)
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[DecodedRow | None] = [None] * len(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))  # copies side by side
         try:
             with torch.no_grad():
                 for start in range(0, len(order), self.batch_size):
@@ -248,8 +169,8 @@ class HFEngine:
         )
 
     def _generate_reasoned(
-        self, prompts: list[list[int]], greedy: bool, temperature: float, allowed: list[list[list[int]] | None]
-    ) -> list[_Row]:
+        self, prompts: list[list[int]], greedy: bool, temperature: float, allowed: list[AnswerSpace | None]
+    ) -> list[DecodedRow]:
         """Free reasoning (up to ``reasoning_tokens``, cut before ``<action>``), then the constrained answer.
 
         Rows whose commands cannot be enumerated (``allowed[i]`` is None) are decoded freely in one call."""
@@ -266,8 +187,8 @@ class HFEngine:
                                        [allowed[i] for i in rows], self.max_new_tokens - self.reasoning_tokens)
         for i, ids, thought, answer in zip(rows, kept, thoughts, answers):
             # The prompt embedding is the thoughts call's: its prefill ended on the prompt's last token.
-            out[i] = _Row(ids + answer.ids, thought.logprobs[: len(ids)] + answer.logprobs,
-                          [None] * len(ids) + answer.allowed, thought.prompt_hidden)
+            out[i] = DecodedRow(ids + answer.ids, thought.logprobs[: len(ids)] + answer.logprobs,
+                                [None] * len(ids) + answer.allowed, thought.prompt_hidden)
         return out
 
     def _before_action(self, ids: list[int]) -> list[int]:
@@ -283,53 +204,16 @@ class HFEngine:
         prompts: list[list[int]],
         greedy: bool,
         temperature: float,
-        allowed: list[list[list[int]] | None] | None = None,
+        allowed: list[AnswerSpace | None] | None = None,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
-    ) -> list[_Row]:
-        model = self.policy.model
-        device = next(model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention_mask[i, width - len(p) :] = 1
-        stop = self.stop if stop is None else tuple(stop)
-        tracker = _StopTracker(self.policy.tokenizer, stop, self.eos_ids, width, len(prompts))
-        trie = AdmissibleTrie(allowed, width, self.eos_ids[0]) if allowed is not None else None
-        with _PrefillLastHidden(model) as prefill:
-            out = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                generation_config=self._config(greedy, temperature, max_new_tokens or self.max_new_tokens),
-                stopping_criteria=StoppingCriteriaList([tracker]),
-                logits_processor=LogitsProcessorList([trie] if trie is not None else []),
-            )
-        generated = out.sequences[:, width:]
-        steps = generated.shape[1]
-        temperature = 1.0 if greedy else temperature
-        lengths = torch.where(tracker.lengths < 0, steps, tracker.lengths).tolist()
-        rows = generated.cpu().tolist()
-        responses = [row[:n] for row, n in zip(rows, lengths)]
-        # Log-prob of each chosen token under the temperature-scaled distribution (renormalised over the
-        # allowed ids on constrained rows, with the trie's own masks), one step at a time (never [B, T, V]).
-        columns = []
-        for t, logits in enumerate(out.logits):
-            logits = logits.float() / temperature
-            if trie is not None:
-                logits = logits.masked_fill(~trie.masks[t], -torch.inf)
-            columns.append(F.log_softmax(logits, dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1))
-        logprobs = torch.stack(columns, dim=1).cpu()
-        return [
-            _Row(
-                response,
-                logprobs[i, : len(response)].tolist(),
-                trie.per_position(i, len(response)) if trie is not None else None,
-                prefill.hidden[i],
-            )
-            for i, response in enumerate(responses)
-        ]
+    ) -> list[DecodedRow]:
+        cursors = [AnswerCursor(a) if a is not None else None for a in allowed] if allowed is not None else None
+        return decode(
+            self.policy.model, prompts, cursors or [None] * len(prompts),
+            Sampling(greedy, temperature, self.top_p, self.top_k), max_new_tokens or self.max_new_tokens,
+            StopRule(self.policy.tokenizer, self.stop if stop is None else stop, self.eos_ids), self.pad_id,
+        )
 
     def sync_weights(self, model) -> None:
         """No-op: this engine generates with the actor itself."""
