@@ -20,7 +20,7 @@ from progpo.report.records import CREDIT_KEYS, RunRecord, _sort_key
 METHOD_COLOURS = {"progpo": "tab:red", "hgpo": "tab:orange", "gigpo": "tab:green", "grpo": "tab:blue"}
 ABLATION_COLOURS = {"plain": "tab:gray", "semantic": "tab:purple", "fusion": "tab:cyan", "full": "tab:red"}
 EMA_DECAY = 0.95
-# A curve with fewer points is drawn raw: with decay 0.95 the EMA's effective window (~20 points) would span it.
+# A curve with fewer points is drawn raw: the EMA (decay 0.95, a window of ~20 points) would mostly show its start.
 DENSE_MIN_POINTS = 10
 SPREAD = "±1 sample std over seeds"  # what the error bars and bands show, named in the figures' titles
 
