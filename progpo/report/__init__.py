@@ -3,13 +3,16 @@
 Writes to ``--out`` (default ``outputs/reports/<experiment>``) and attaches the same files to a ``report`` run
 in the experiment (tag ``progpo.kind=report``; re-running the report overwrites that run's artifacts):
 
-- ``table1_success.md/.csv``: final held-out success per method (mean and std over seeds), per task type (Table 1);
+- ``table1_success.md/.csv``: final held-out success per method, per task type (Table 1): mean ± sample std over
+  seeds [95% t-interval of the mean over seeds]; the CSV has ``mean``, ``std``, ``ci95`` (half-width) and ``n``;
 - ``table2_credit.md/.csv``: mean over iterations of the ``credit/*`` diagnostics per method (Table 2);
 - ``table3_ablation.md/.csv``: final training success per ablation variant, when runs carry an ``ablation`` tag
   (Table 3: measured on training rollouts, like the paper);
-- ``fig4_success_<env>.png``: success vs iteration per method, raw (light) and EMA-smoothed with decay 0.95 (Figure 4);
-- ``fig5_credit_<env>.png``: ``credit/*`` shares vs iteration per method, EMA-smoothed, raw transition-only faint
-  (Figure 5).
+- ``fig4_success_<env>.png``: success vs iteration per method, mean over seeds (Figure 4): held-out success as
+  measured at each evaluation with ±1 std error bars over seeds; training success raw (light) and EMA-smoothed
+  (decay 0.95, dark) with a ±1 std band when dense (``DENSE_MIN_POINTS`` points or more), else like held-out;
+- ``fig5_credit_<env>.png``: ``credit/*`` shares vs iteration per method, EMA-smoothed when dense (raw
+  transition-only faint), raw with markers otherwise (Figure 5).
 
 Runs are grouped by ``method`` (the credit choice) plus ``[ablation]`` when set, and by ``env``; seeds are the runs
 of a group. Only FINISHED runs count unless ``--all-runs``; the report says how many it left out and in which state.
@@ -24,11 +27,15 @@ from progpo.report.cli import main
 from progpo.report.driver import ReportFiles, attach_to_mlflow, make_report, write_report
 from progpo.report.figures import (
     ABLATION_COLOURS,
+    DENSE_MIN_POINTS,
     EMA_DECAY,
     METHOD_COLOURS,
+    SeedCurve,
     credit_figure,
     ema,
+    is_dense,
     mean_curve,
+    seed_curve,
     success_figure,
 )
 from progpo.report.records import (
@@ -41,13 +48,15 @@ from progpo.report.records import (
     describe_left_out,
     load_runs,
 )
-from progpo.report.tables import Cell, credit_table, final_table, to_csv, to_markdown
+from progpo.report.tables import CELL_NOTE, Cell, credit_table, final_table, t975, to_csv, to_markdown
 
 __all__ = [
     "ABLATION_COLOURS",
     "ABLATION_ORDER",
+    "CELL_NOTE",
     "CREDIT_KEYS",
     "CURVE_KEYS",
+    "DENSE_MIN_POINTS",
     "EMA_DECAY",
     "LEFT_OUT_WHY",
     "METHOD_COLOURS",
@@ -55,17 +64,21 @@ __all__ = [
     "Cell",
     "ReportFiles",
     "RunRecord",
+    "SeedCurve",
     "attach_to_mlflow",
     "credit_figure",
     "credit_table",
     "describe_left_out",
     "ema",
     "final_table",
+    "is_dense",
     "load_runs",
     "main",
     "make_report",
     "mean_curve",
+    "seed_curve",
     "success_figure",
+    "t975",
     "to_csv",
     "to_markdown",
     "write_report",

@@ -34,7 +34,8 @@ def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str) -
 
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = [f"# Report: MLflow experiment `{experiment}`", "",
-                f"{len(records)} runs; cells are mean (sample std over seeds) in percent.", ""]
+                f"{len(records)} runs; cells are mean ± sample std over seeds [95% t-interval of the mean over "
+                "seeds], in percent.", ""]
     tables = _write_tables(_table_specs(records), out_dir, sections)
     figures = _write_figures(records, out_dir, sections)
     (out_dir / "report.md").write_text("\n".join(sections))
@@ -48,7 +49,8 @@ TableSpec = tuple[str, str, str, tuple[list[str], list[dict[str, Any]]]]  # file
 def _table_specs(records: Sequence[RunRecord]) -> list[TableSpec]:
     """Tables 1 and 2, and Table 3 when some runs carry an ``ablation`` tag."""
     specs = [
-        ("table1_success", "Table 1: final held-out success", "Last `val/success*` of each run.",
+        ("table1_success", "Table 1: final held-out success", "Last `val/success*` of each run (itself an "
+         "estimate from a finite set of held-out games, a noise the interval over seeds does not include).",
          final_table(records, "val/")),
         ("table2_credit", "Table 2: credit diagnostics", "Mean over iterations of the `credit/*` shares "
          "(peer-zero before transition credit, still-zero after composition).", credit_table(records)),

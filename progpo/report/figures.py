@@ -1,4 +1,9 @@
-"""The report's figures: success (Figure 4) and credit diagnostics (Figure 5) vs iteration, EMA-smoothed."""
+"""The report's figures: success (Figure 4) and credit diagnostics (Figure 5) vs iteration.
+
+Only dense curves are EMA-smoothed (``is_dense``): a curve of a few points (held-out evaluation every few
+iterations) would be dragged toward its first values by the EMA, so such curves are drawn as they are. Held-out
+success is always drawn as it is, with the spread over seeds.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from progpo.report.records import CREDIT_KEYS, RunRecord, _sort_key
@@ -14,6 +20,9 @@ from progpo.report.records import CREDIT_KEYS, RunRecord, _sort_key
 METHOD_COLOURS = {"progpo": "tab:red", "hgpo": "tab:orange", "gigpo": "tab:green", "grpo": "tab:blue"}
 ABLATION_COLOURS = {"plain": "tab:gray", "semantic": "tab:purple", "fusion": "tab:cyan", "full": "tab:red"}
 EMA_DECAY = 0.95
+# A curve with fewer points is drawn raw: the EMA (decay 0.95, a window of ~20 points) would mostly show its start.
+DENSE_MIN_POINTS = 10
+SPREAD = "±1 sample std over seeds"  # what the error bars and bands show, named in the figures' titles
 
 
 def ema(values: Sequence[float], decay: float = EMA_DECAY) -> list[float]:
@@ -28,54 +37,89 @@ def ema(values: Sequence[float], decay: float = EMA_DECAY) -> list[float]:
     return out
 
 
-def _colour(label: str) -> str | None:
-    method, _, rest = label.partition("[")
-    ablation = rest.rstrip("]")
-    return ABLATION_COLOURS.get(ablation) if ablation else METHOD_COLOURS.get(method)
+def is_dense(steps: Sequence[int]) -> bool:
+    """Whether a curve has enough points for the EMA to smooth noise rather than hide where the curve ends."""
+    return len(steps) >= DENSE_MIN_POINTS
 
 
-def mean_curve(records: Sequence[RunRecord], key: str) -> tuple[list[int], list[float]]:
-    """Mean over runs at each logged step (steps where only some seeds have a value use those seeds)."""
+@dataclass(frozen=True)
+class SeedCurve:
+    """One metric of a group of runs: at each logged step, the mean and sample std over the seeds that logged it."""
+
+    steps: list[int]
+    mean: list[float]
+    std: list[float]  # 0.0 at a step only one seed logged
+
+
+def seed_curve(records: Sequence[RunRecord], key: str) -> SeedCurve:
+    """Mean and spread over runs at each logged step (steps where only some seeds have a value use those seeds)."""
     by_step: dict[int, list[float]] = defaultdict(list)
     for r in records:
         for step, value in r.history.get(key, []):
             if not math.isnan(value):
                 by_step[step].append(value)
     steps = sorted(by_step)
-    return steps, [statistics.fmean(by_step[s]) for s in steps]
+    return SeedCurve(steps=steps, mean=[statistics.fmean(by_step[s]) for s in steps],
+                     std=[statistics.stdev(by_step[s]) if len(by_step[s]) > 1 else 0.0 for s in steps])
 
 
-def _plot_curve(ax: Any, steps: list[int], values: list[float], label: str, colour: str | None,
-                raw_alpha: float = 0.3) -> None:
-    marker = "o" if len(steps) <= 3 else None
-    (line,) = ax.plot(steps, values, alpha=raw_alpha, color=colour, linewidth=1, marker=marker)
-    ax.plot(steps, ema(values), color=line.get_color(), linewidth=2, label=label, marker=marker)
+def mean_curve(records: Sequence[RunRecord], key: str) -> tuple[list[int], list[float]]:
+    """Mean over runs at each logged step (steps where only some seeds have a value use those seeds)."""
+    curve = seed_curve(records, key)
+    return curve.steps, curve.mean
+
+
+def _colour(label: str) -> str | None:
+    method, _, rest = label.partition("[")
+    ablation = rest.rstrip("]")
+    return ABLATION_COLOURS.get(ablation) if ablation else METHOD_COLOURS.get(method)
+
+
+def _plot_points(ax: Any, curve: SeedCurve, label: str, colour: str | None) -> None:
+    """A sparse curve as it is: markers and a thin line through the means, error bars for the seed spread."""
+    ax.errorbar(curve.steps, curve.mean, yerr=curve.std, color=colour, marker="o", markersize=4, linewidth=1,
+                capsize=3, label=label)
+
+
+def _plot_smoothed(ax: Any, curve: SeedCurve, label: str, colour: str | None) -> None:
+    """A dense curve: seed spread as a light band, the raw mean light, its EMA dark (the labelled line)."""
+    low = [m - s for m, s in zip(curve.mean, curve.std)]
+    high = [m + s for m, s in zip(curve.mean, curve.std)]
+    (line,) = ax.plot(curve.steps, curve.mean, alpha=0.3, color=colour, linewidth=1)
+    ax.fill_between(curve.steps, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
+    ax.plot(curve.steps, ema(curve.mean), color=line.get_color(), linewidth=2, label=label)
 
 
 def success_figure(records: Sequence[RunRecord], env: str):
-    """Figure 4: training and held-out success vs iteration per method (raw light, EMA dark)."""
+    """Figure 4: training success (EMA when dense) and held-out success (never smoothed) vs iteration per method."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     labels = sorted({r.label for r in records}, key=_sort_key)
     for ax, key, title in zip(axes, ("train/success", "val/success"), ("training success", "held-out success")):
         for label in labels:
-            steps, values = mean_curve([r for r in records if r.label == label], key)
-            if steps:
-                _plot_curve(ax, steps, values, label, _colour(label))
+            curve = seed_curve([r for r in records if r.label == label], key)
+            if not curve.steps:
+                continue
+            if key == "train/success" and is_dense(curve.steps):
+                _plot_smoothed(ax, curve, label, _colour(label))
+            else:
+                _plot_points(ax, curve, label, _colour(label))
         ax.set_title(f"{env}: {title}")
         ax.set_xlabel("RL iteration")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success rate")
     axes[0].set_ylim(-0.02, 1.02)
-    axes[1].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"Success vs iteration (mean over seeds; EMA decay {EMA_DECAY})", fontsize=10)
+    axes[1 if axes[1].has_data() else 0].legend(loc="lower right", fontsize=8)  # held-out may be missing
+    fig.suptitle(f"Success vs iteration, mean over seeds. Training: raw (light) and EMA decay {EMA_DECAY} (dark) "
+                 f"when >= {DENSE_MIN_POINTS} points, band {SPREAD}.\nHeld-out: each evaluation as measured "
+                 f"(not smoothed), error bars {SPREAD}.", fontsize=9)
     fig.tight_layout()
     return fig
 
 
 def credit_figure(records: Sequence[RunRecord], env: str):
-    """Figure 5: credit/* shares vs iteration per method, EMA-smoothed; raw transition-only faint."""
+    """Figure 5: credit/* shares vs iteration per method; EMA when dense (raw transition-only faint), else raw."""
     import matplotlib.pyplot as plt
 
     labels = [lb for lb in sorted({r.label for r in records}, key=_sort_key)
@@ -89,10 +133,13 @@ def credit_figure(records: Sequence[RunRecord], env: str):
             steps, values = mean_curve(group, f"credit/{key}")
             if not steps:
                 continue
-            marker = "o" if len(steps) <= 3 else None
+            name = key.replace("_", "-")
+            if not is_dense(steps):
+                ax.plot(steps, values, color=colours[key], linewidth=1, marker="o", markersize=4, label=name)
+                continue
             if key == "transition_only":
-                ax.plot(steps, values, color=colours[key], alpha=0.25, linewidth=1, marker=marker)
-            ax.plot(steps, ema(values), color=colours[key], linewidth=2, label=key.replace("_", "-"), marker=marker)
+                ax.plot(steps, values, color=colours[key], alpha=0.25, linewidth=1)
+            ax.plot(steps, ema(values), color=colours[key], linewidth=2, label=name)
         ax.set_title(f"{env}: {label}")
         ax.set_xlabel("RL iteration")
         ax.grid(alpha=0.3)
@@ -100,6 +147,7 @@ def credit_figure(records: Sequence[RunRecord], env: str):
     axes[0][0].set_ylim(-0.02, 1.02)
     if labels:
         axes[0][-1].legend(loc="best", fontsize=8)
-    fig.suptitle(f"Credit mechanism diagnostics (EMA decay {EMA_DECAY})", fontsize=10)
+    fig.suptitle(f"Credit mechanism diagnostics, mean over seeds: EMA decay {EMA_DECAY} when >= {DENSE_MIN_POINTS} "
+                 "points (raw transition-only faint), raw with markers otherwise", fontsize=9)
     fig.tight_layout()
     return fig

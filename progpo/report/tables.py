@@ -13,12 +13,43 @@ from typing import Any
 from envs.alfworld.scenes import TASK_LABELS
 from progpo.report.records import CREDIT_KEYS, RunRecord, _sort_key
 
+# Student t quantiles t(0.975, df) for df = 1..30 (scipy.stats.t.ppf, 4 decimals); used when scipy is missing.
+T975_TABLE = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
+              2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
+              2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+T975_LARGE_DF = 1.96  # the normal quantile beyond df = 30 (about 3% narrower than t at df = 40)
+
+CELL_NOTE = ("Cells: mean ± sample std over seeds [95% confidence interval of the mean over seeds: "
+             "mean ± t(0.975, n-1)·std/√n], in percent; a single seed gives the value alone. "
+             "The interval is over seeds only (not the noise within each run); it is not clipped to [0, 100].")
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: a two-sided 95% interval of a mean of
+    ``df + 1`` seeds. scipy when importable (it is not a declared dependency), else ``T975_TABLE``."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    try:
+        from scipy.stats import t
+    except ImportError:
+        return T975_TABLE[df - 1] if df <= len(T975_TABLE) else T975_LARGE_DF
+    return float(t.ppf(0.975, df))
+
 
 @dataclass(frozen=True)
 class Cell:
+    """One metric of a group of runs, over its seeds."""
+
     mean: float
     std: float | None  # sample std over seeds; None with a single seed
     n: int
+
+    @property
+    def ci95(self) -> float | None:
+        """Half-width of the 95% t-interval of the mean over seeds; None with a single seed (no spread known)."""
+        if self.std is None or self.n < 2:
+            return None
+        return t975(self.n - 1) * self.std / math.sqrt(self.n)
 
 
 def _cell(values: Sequence[float]) -> Cell:
@@ -77,14 +108,19 @@ def credit_table(records: Sequence[RunRecord]) -> tuple[list[str], list[dict[str
 
 
 def _fmt(cell: Cell) -> str:
+    """'52.0 ± 3.1 [44.3, 59.7]' (percent: mean ± std [95% CI]); the mean alone for one seed, '-' for none."""
     if cell.n == 0:
         return "-"
     text = f"{100 * cell.mean:.1f}"
-    return f"{text} ({100 * cell.std:.1f})" if cell.std is not None else text
+    if cell.std is None or cell.ci95 is None:
+        return text
+    low, high = cell.mean - cell.ci95, cell.mean + cell.ci95
+    return f"{text} ± {100 * cell.std:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def to_markdown(title: str, note: str, columns: list[str], rows: list[dict[str, Any]]) -> str:
-    lines = [f"### {title}", "", note, "", "| env | method | seeds | " + " | ".join(columns) + " |",
+    """A Markdown table under ``title``; ``note`` says what was measured, then ``CELL_NOTE`` how cells read."""
+    lines = [f"### {title}", "", f"{note} {CELL_NOTE}", "", "| env | method | seeds | " + " | ".join(columns) + " |",
              "|---|---|---:|" + "---:|" * len(columns)]
     for row in rows:
         cells = [_fmt(row["cells"][c]) if c in row["cells"] else "-" for c in columns]
@@ -93,16 +129,22 @@ def to_markdown(title: str, note: str, columns: list[str], rows: list[dict[str, 
 
 
 def to_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
-    """Tidy CSV: one line per (env, method, metric) with mean, std and the number of seeds (fractions, not %)."""
+    """Tidy CSV: one line per (env, method, metric) with mean, std, the 95% CI half-width (``ci95``) over seeds and
+    the number of seeds (fractions, not %; std and ci95 empty with one seed)."""
     import csv
 
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["env", "method", "metric", "mean", "std", "n"])
+        writer.writerow(["env", "method", "metric", "mean", "std", "ci95", "n"])
         for row in rows:
             for column in columns:
                 cell = row["cells"].get(column)
                 if cell is None or cell.n == 0:
                     continue
                 writer.writerow([row["env"], row["method"], column, f"{cell.mean:.10g}",
-                                 "" if cell.std is None else f"{cell.std:.10g}", cell.n])
+                                 _number(cell.std), _number(cell.ci95), cell.n])
+
+
+def _number(value: float | None) -> str:
+    """A CSV number: empty for None, so a reader tells 'not defined (one seed)' from zero."""
+    return "" if value is None else f"{value:.10g}"

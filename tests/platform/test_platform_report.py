@@ -80,9 +80,13 @@ def test_report_tables_figures_and_mlflow_run(store, tmp_path):
     assert float(table1[("progpo", "All")]["std"]) == pytest.approx(statistics.stdev([0.75, 0.95]))
     assert float(table1[("grpo", "Pick2")]["mean"]) == pytest.approx(0.3)
     assert table1[("grpo", "All")]["n"] == "2"
+    assert float(table1[("grpo", "All")]["ci95"]) == pytest.approx(12.7062 * statistics.stdev([0.5, 0.7]) / 2**0.5,
+                                                                   rel=1e-4)
     markdown = (tmp_path / "out" / "table1_success.md").read_text()
     assert "| env | method | seeds | Pick | Pick2 | All |" in markdown
-    assert "| alfworld | grpo | 2 | 60.0 (14.1) | 30.0 (7.1) | 60.0 (14.1) |" in markdown
+    # mean ± std [95% t-interval, t(0.975, 1) = 12.706]: two seeds say little
+    assert ("| alfworld | grpo | 2 | 60.0 ± 14.1 [-67.1, 187.1] | 30.0 ± 7.1 [-33.5, 93.5] "
+            "| 60.0 ± 14.1 [-67.1, 187.1] |") in markdown
     assert markdown.index("| alfworld | grpo") < markdown.index("| alfworld | progpo")  # the paper's order
 
     table2 = _csv(tmp_path / "out" / "table2_credit.csv")
