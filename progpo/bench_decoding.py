@@ -128,12 +128,13 @@ def _count_calls(model) -> tuple[list[int], object]:
     return counter, handle
 
 
-def _timed(model, fn) -> tuple[float, int, int]:
+def _timed(model, fn, call: RecordedCall) -> tuple[float, int, int]:
+    """Seconds, generated tokens and decoder calls of ``fn(call)``."""
     counter, handle = _count_calls(model)
     try:
         started = time.perf_counter()
         with torch.no_grad():
-            tokens = fn()
+            tokens = fn(call)
         return time.perf_counter() - started, tokens, counter[0]
     finally:
         handle.remove()
@@ -169,7 +170,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
                     torch.manual_seed(repeat)
                     seconds, tokens, calls = 0.0, 0, 0
                     for call in recorder.calls:
-                        s, t, n = _timed(model, lambda call=call: fn(call))
+                        s, t, n = _timed(model, fn, call)
                         seconds, tokens, calls = seconds + s, tokens + t, calls + n
                     timing.seconds.append(seconds)
                     timing.tokens.append(tokens)
