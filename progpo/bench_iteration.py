@@ -242,6 +242,9 @@ def bench_iteration(args: argparse.Namespace) -> None:
         new = _iteration_s(measured, reuse=True)
         lines.append(f"new path ({precision}, reuse the engine's log-probs): {new:.1f} s per iteration, "
                      f"{old / new:.2f}x faster")
+        useful = sum(_median(measured, k) for k in ("rollout_flops", "score_reuse_flops", "update_flops"))
+        lines.append(f"  its useful FLOPs at the {precision} matmul peak: {useful / peaks[precision] / 1e9:.1f} s per "
+                     "iteration (the floor for this work on this machine: below it only fewer FLOPs help)")
     if args.profile_rollout:
         stats = io.StringIO()
         pstats.Stats(profiler, stream=stats).sort_stats("cumulative").print_stats(args.profile_rollout)
