@@ -49,6 +49,25 @@ def test_compare_methods_sweeps_the_four_estimators():
     assert smoke.schedule.max_iterations == 1 and smoke.logger.experiment_name == "compare_methods"
 
 
+@pytest.mark.parametrize("sweep", ["compare_methods", "ablation_transition"])
+def test_the_laptop_benchmark_setting_composes_with_the_sweep_experiments(sweep):
+    """``experiment=[<sweep>,laptop_alfworld]``: the sweep's parameters, the benchmark's env, batch, schedule and
+    MLflow experiment (so its runs never mix with the default setting's in a report), one shared warm start."""
+    plain, _ = _compose(f"experiment={sweep}")
+    cfg, hydra_node = _compose(f"experiment=[{sweep},laptop_alfworld]", "seed=2")
+    validate_config(cfg)
+    assert dict(hydra_node.sweeper.params) == dict(_compose(f"experiment={sweep}")[1].sweeper.params)
+    assert cfg.credit == plain.credit  # the estimator (and ablation variant) is the sweep's
+    assert cfg.env.max_steps == 40 and dict(cfg.env.scene) == {
+        "min_receptacles": 5, "max_receptacles": 8, "min_distractors": 2, "max_distractors": 6, "hide_prob": 0.7,
+        "closed_parent_prob": 0.4}
+    assert (cfg.rollout.tasks_per_batch, cfg.rollout.group_size, cfg.schedule.max_iterations, cfg.eval.every) == (
+        8, 8, 6, 3)
+    assert cfg.logger.experiment_name == "laptop_alfworld"
+    assert hydra_node.sweep.dir.startswith("outputs/multirun/laptop_alfworld/")
+    assert cfg.seed == 2 and cfg.model.seed == 0 and cfg.warm_start.seed == 0
+
+
 @pytest.mark.parametrize(("name", "env", "max_steps"), [("paper_alfworld", "alfworld", 50),
                                                          ("paper_webshop", "webshop_real", 30)])
 def test_paper_settings(name, env, max_steps):

@@ -40,7 +40,7 @@ def eos_token_ids(tokenizer, model) -> list[int]:
 
 
 class HFEngine:
-    """transformers ``generate`` on the shared actor.
+    """Generation on the shared actor (a transformers causal LM), with the KV-cache loop of ``kv_decoding``.
 
     Args:
         policy: the actor; generation runs on ``policy.model`` in eval mode under ``torch.no_grad()``
@@ -48,7 +48,7 @@ class HFEngine:
         temperature, top_p, top_k: sampling parameters (top_k=0 disables top-k). The model's own
             generation config (e.g. Qwen's repetition penalty) is ignored on purpose.
         max_new_tokens: response budget per step.
-        batch_size: prompts per ``generate`` call.
+        batch_size: prompts decoded together (copies of one prompt share its prefill).
         stop: strings that end a response (included in it); the answer format ends with ``</action>``.
         constrain_to_admissible: decode only answers ``<action>cmd</action>`` with ``cmd`` admissible (when
             the collector passes the admissible commands); reported log-probs are then those of the model's
