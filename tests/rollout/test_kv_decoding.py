@@ -55,6 +55,7 @@ def test_greedy_decoding_equals_the_plain_loop_and_forced_tokens_cost_nothing(ti
         rows = decode(model, prompts, [AnswerCursor(s) if s is not None else None for s in spaces],
                       Sampling(greedy=True), 32, stop, tok.pad_token_id)
     assert any(s is None for s in spaces) and any(s is not None for s in spaces)
+    assert decode(model, [], [], Sampling(greedy=True), 32, stop, tok.pad_token_id) == []
     for prompt, space, row in zip(prompts, spaces, rows):
         ids, logprobs = _plain_greedy(model, prompt, space, stop, 32)
         assert row.ids == ids

@@ -109,6 +109,8 @@ def decode(
     pad_id: int,
 ) -> list[DecodedRow]:
     """Decode one response per prompt (order kept) with ``model`` (eval mode, under no_grad: the caller's job)."""
+    if not prompts:
+        return []
     device = next(model.parameters()).device
     firsts: dict[tuple[int, ...], int] = {}
     source = [firsts.setdefault(tuple(p), len(firsts)) for p in prompts]
