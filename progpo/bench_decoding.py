@@ -23,7 +23,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from progpo.rollout.engines.constrained import AnswerCursor, answer_space
 from progpo.rollout.engines.hf_engine import HFEngine
-from progpo.rollout.engines.kv_decoding import StopRule
+from progpo.rollout.engines.kv_decoding import StopRule, left_pad
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -91,12 +91,8 @@ def generate_baseline(engine: HFEngine, call: RecordedCall) -> int:
     for start in range(0, len(order), engine.batch_size):
         rows = order[start : start + engine.batch_size]
         prompts = [call.prompts[i] for i in rows]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(rows), width), engine.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for k, p in enumerate(prompts):
-            ids[k, width - len(p) :] = torch.tensor(p)
-            mask[k, width - len(p) :] = 1
+        ids, mask = left_pad(prompts, engine.pad_id)
+        width = ids.shape[1]
         cursors = [None] * len(rows)
         if engine.constrain_to_admissible and call.admissible is not None:
             spaces = [answer_space(tok, call.admissible[i], engine.eos_ids[0],

@@ -157,14 +157,20 @@ def _cache_argument(decoder_type: type) -> str:
     return "cache" if "cache" in inspect.signature(decoder_type.forward).parameters else "past_key_values"
 
 
-def _prefill(model, prompts: list[tuple[int, ...]], pad_id: int, device):
-    """Left-padded prefill of the distinct prompts: cache, next-token logits [U, V], last hidden [U, d], mask."""
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, W] ids and attention mask of the prompts left-padded to the longest: each ends in the last column."""
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         attention[i, width - len(p) :] = 1
+    return input_ids, attention
+
+
+def _prefill(model, prompts: list[tuple[int, ...]], pad_id: int, device):
+    """Left-padded prefill of the distinct prompts: cache, next-token logits [U, V], last hidden [U, d], mask."""
+    input_ids, attention = left_pad(prompts, pad_id)
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
     cache = DynamicCache()
