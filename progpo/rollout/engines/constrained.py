@@ -234,7 +234,12 @@ class AnswerSpace:
 
     def next_ids(self, prefix: Sequence[int]) -> list[int] | None:
         """Ids that keep ``prefix`` on some allowed answer (sorted), None at a free position; eos once left."""
-        allowed = _trie_next(self.options, prefix)
+        return self.merge(_trie_next(self.options, prefix), prefix)
+
+    def merge(self, enumerated: set[int], prefix: Sequence[int]) -> list[int] | None:
+        """The enumerated commands' next ids after ``prefix`` joined with the placeholder commands' (sorted);
+        None at a free position; eos when nothing continues ``prefix``."""
+        allowed = set(enumerated)
         for template in self.templates:
             ids = template.next_ids(prefix)
             if ids is None:
@@ -310,13 +315,7 @@ class AnswerCursor:
     def _compute(self) -> list[int] | None:
         t = len(self.prefix)
         options = self.space.options
-        ids = {options[k][t] for k in self._alive if len(options[k]) > t}
-        for template in self.space.templates:
-            more = template.next_ids(self.prefix)
-            if more is None:  # a free position (a free query)
-                return None
-            ids |= more
-        return sorted(ids) or [self.space.eos_id]
+        return self.space.merge({options[k][t] for k in self._alive if len(options[k]) > t}, self.prefix)
 
     def advance(self, token: int) -> None:
         t = len(self.prefix)
