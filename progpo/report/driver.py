@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,18 @@ def _table_specs(records: Sequence[RunRecord]) -> list[TableSpec]:
     ]
     if any(r.ablation for r in records):
         specs.append(("table3_ablation", "Table 3: transition-credit ablations (training rollouts)",
-                      "Last `train/success*` of each run, per ablation variant.",
-                      final_table([r for r in records if r.ablation], "train/")))
+                      "Last `train/success*` of each run, per ablation variant (a ProGPO run without an "
+                      "`ablation` tag counts as the variant its credit config is, e.g. `full` at the paper "
+                      "defaults).", final_table(ablation_records(records), "train/")))
     return specs
+
+
+def ablation_records(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """Table 3's runs, labelled ``progpo[variant]``: every run with a variant, a run tagged with it winning over an
+    untagged ProGPO run of the same env and seed (the same config trained twice counts once)."""
+    tagged = {(r.env, r.variant, r.seed) for r in records if r.ablation}
+    return [replace(r, ablation=r.variant) for r in records
+            if r.variant and (r.ablation or (r.env, r.variant, r.seed) not in tagged)]
 
 
 def _write_tables(specs: Sequence[TableSpec], out_dir: Path, sections: list[str]) -> list[Path]:
@@ -75,19 +84,26 @@ def _write_tables(specs: Sequence[TableSpec], out_dir: Path, sections: list[str]
 
 
 def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:
-    """Figures 4 and 5 of every env as PNG; a link to each is appended to ``sections``."""
+    """Figures 4 and 5 of every env as PNG; a link to each is appended to ``sections``. When the experiment holds
+    both method runs and ablation runs, the methods get ``fig4_success``/``fig5_credit`` and the variants (as in
+    Table 3) their own ``fig4_ablation``/``fig5_ablation``, so neither figure carries seven lines."""
     import matplotlib.pyplot as plt
 
+    methods = [r for r in records if not r.ablation]
+    sets = [("fig4_success", "fig5_credit", methods or list(records))]
+    if methods and any(r.ablation for r in records):
+        sets.append(("fig4_ablation", "fig5_ablation", ablation_records(records)))
     figures: list[Path] = []
-    for env in sorted({r.env for r in records}):
-        env_records = [r for r in records if r.env == env]
-        for stem, build in (("fig4_success", success_figure), ("fig5_credit", credit_figure)):
-            fig = build(env_records, env)
-            path = out_dir / f"{stem}_{env}.png"
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
-            figures.append(path)
-            sections.append(f"![{stem} {env}]({path.name})\n")
+    for success_stem, credit_stem, chosen in sets:
+        for env in sorted({r.env for r in chosen}):
+            env_records = [r for r in chosen if r.env == env]
+            for stem, build in ((success_stem, success_figure), (credit_stem, credit_figure)):
+                fig = build(env_records, env)
+                path = out_dir / f"{stem}_{env}.png"
+                fig.savefig(path, dpi=120)
+                plt.close(fig)
+                figures.append(path)
+                sections.append(f"![{stem} {env}]({path.name})\n")
     return figures
 
 

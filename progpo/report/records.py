@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class RunRecord:
     status: str
     final: dict[str, float]  # latest value of every metric
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # step-sorted, for CURVE_KEYS
+    variant: str | None = None  # Table 3's variant: the `ablation` tag, else what a ProGPO run's credit config is
 
     @property
     def label(self) -> str:
@@ -43,6 +45,20 @@ def _sort_key(label: str) -> tuple[int, int, str]:
     m = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
     a = ABLATION_ORDER.index(ablation) if ablation in ABLATION_ORDER else (-1 if not ablation else len(ABLATION_ORDER))
     return m, a, label
+
+
+def transition_variant(params: Mapping[str, str]) -> str | None:
+    """Which of Table 3's variants (``conf/ablation/``) a ProGPO run's logged credit config is: semantic expansion
+    is on when ``credit.min_value_group`` > 0, reliability fusion when ``credit.fusion`` is ``inverse_variance``.
+    So a ``compare_methods`` ProGPO run at the paper defaults is the ``full`` variant, with no need to train it
+    twice. None when the params are not logged."""
+    try:
+        semantic = int(params["credit.min_value_group"]) > 0
+        fusion = params["credit.fusion"] == "inverse_variance"
+    except (KeyError, ValueError):
+        return None
+    return {(False, False): "plain", (True, False): "semantic", (False, True): "fusion", (True, True): "full"}[
+        (semantic, fusion)]
 
 
 LEFT_OUT_WHY = {
@@ -104,6 +120,10 @@ def load_runs(
             status=status,
             final=dict(run.data.metrics),
         )
+        if record.ablation:
+            record.variant = record.ablation
+        elif record.method == "progpo":
+            record.variant = transition_variant(run.data.params)
         for key in CURVE_KEYS:
             if key in record.final:
                 points = client.get_metric_history(run.info.run_id, key)

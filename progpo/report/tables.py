@@ -13,12 +13,6 @@ from typing import Any
 from envs.alfworld.scenes import TASK_LABELS
 from progpo.report.records import CREDIT_KEYS, RunRecord, _sort_key
 
-# Student t quantiles t(0.975, df) for df = 1..30 (scipy.stats.t.ppf, 4 decimals); used when scipy is missing.
-T975_TABLE = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
-              2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
-              2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
-T975_LARGE_DF = 1.96  # the normal quantile beyond df = 30 (about 3% narrower than t at df = 40)
-
 CELL_NOTE = ("Cells: mean ± sample std over seeds [95% confidence interval of the mean over seeds: "
              "mean ± t(0.975, n-1)·std/√n], in percent; a single seed gives the value alone. "
              "The interval is over seeds only (not the noise within each run); it is not clipped to [0, 100].")
@@ -26,13 +20,11 @@ CELL_NOTE = ("Cells: mean ± sample std over seeds [95% confidence interval of t
 
 def t975(df: int) -> float:
     """The 0.975 quantile of Student's t with ``df`` degrees of freedom: a two-sided 95% interval of a mean of
-    ``df + 1`` seeds. scipy when importable (it is not a declared dependency), else ``T975_TABLE``."""
+    ``df + 1`` seeds."""
     if df < 1:
         raise ValueError(f"df must be >= 1, got {df}")
-    try:
-        from scipy.stats import t
-    except ImportError:
-        return T975_TABLE[df - 1] if df <= len(T975_TABLE) else T975_LARGE_DF
+    from scipy.stats import t
+
     return float(t.ppf(0.975, df))
 
 

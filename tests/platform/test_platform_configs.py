@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from progpo.config import validate_config
+from progpo.report.records import transition_variant
 from progpo.sweep import SweepSpec, trial_config
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -37,6 +38,14 @@ def test_ablation_variants_are_parameter_settings(variant, min_value_group, fusi
     assert hydra_node.runtime.choices.ablation == variant  # becomes the run's `ablation` tag
     assert cfg.logger.experiment_name == "ablation_transition"
     assert dict(hydra_node.sweeper.params) == {"ablation": "plain,semantic,fusion,full", "seed": "0,1,2"}
+    # the report reads the variant back from the logged credit params (how an untagged ProGPO run counts)
+    logged = {f"credit.{k}": str(v) for k, v in cfg.credit.items()}
+    assert transition_variant(logged) == variant
+
+
+def test_a_compare_methods_progpo_run_is_the_full_variant():
+    cfg, _ = _compose("experiment=compare_methods", "credit=progpo")
+    assert transition_variant({f"credit.{k}": str(v) for k, v in cfg.credit.items()}) == "full"
 
 
 def test_compare_methods_sweeps_the_four_estimators():

@@ -35,9 +35,11 @@ def _run(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_multirun_2x2_then_report(tmp_path):
+    """Through the joblib launcher (2 jobs at a time, as the laptop benchmark runs): four processes sharing one
+    MLflow sqlite store, each run complete and distinct."""
     sweep_dir = tmp_path / "multirun"
     _run(["-m", "progpo.train", "-m", "experiment=[compare_methods,fast_dev]", "credit=grpo,progpo", "seed=0,1",
-          *SMALL, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path)
+          *SMALL, f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], cwd=tmp_path)
     client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("compare_methods")
     runs = client.search_runs([experiment.experiment_id])

@@ -120,6 +120,31 @@ def test_ablation_report_has_table3(store, tmp_path):
     assert text.index("progpo[plain]") < text.index("progpo[full]")
 
 
+def test_untagged_progpo_runs_count_as_their_variant_once_per_seed(tmp_path):
+    """A compare_methods ProGPO run at the paper defaults is Table 3's `full` (not trained twice); a run tagged
+    `full` for the same seed wins over it; GRPO and runs without credit params never enter Table 3."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("mixed")
+    _log_run(client, exp, "progpo", 0, 0.3, ablation="plain")
+    _log_run(client, exp, "grpo", 0, 0.1)
+    for seed, value in ((0, 0.6), (1, 0.8)):
+        run_id = _log_run(client, exp, "progpo", seed, value)
+        client.log_param(run_id, "credit.min_value_group", "3")
+        client.log_param(run_id, "credit.fusion", "inverse_variance")
+    _log_run(client, exp, "progpo", 1, 0.2, ablation="full")  # seed 1 also trained as tagged `full`: it wins
+    make_report("mixed", tmp_path / "out", tracking_uri=uri, upload=False)
+    table3 = _csv(tmp_path / "out" / "table3_ablation.csv")
+    assert {m for m, _ in table3} == {"progpo[plain]", "progpo[full]"}
+    full = table3[("progpo[full]", "All")]
+    assert int(full["n"]) == 2 and float(full["mean"]) == pytest.approx((0.6 + 0.2) / 2)
+    table1 = _csv(tmp_path / "out" / "table1_success.csv")
+    assert ("progpo", "All") in table1 and int(table1[("progpo", "All")]["n"]) == 2  # Table 1 keeps its labels
+    figures = {p.name for p in (tmp_path / "out").glob("*.png")}  # methods and variants in separate figures
+    assert figures == {"fig4_success_alfworld.png", "fig5_credit_alfworld.png", "fig4_ablation_alfworld.png",
+                       "fig5_ablation_alfworld.png"}
+
+
 def test_cli_errors_name_the_problem(store, tmp_path, capsys):
     uri, _ = store
     assert main(["--experiment", "nope", "--tracking-uri", uri, "--out", str(tmp_path / "x")]) == 2

@@ -137,3 +137,33 @@ def test_the_answer_cursor_allows_what_the_plain_definition_allows():
             token = rng.choice(allowed) if rng.random() < 0.9 else rng.randrange(vocab)
             cursor.advance(token)
             prefix.append(token)
+
+
+def test_answer_ids_are_memoised_per_tokenizer_and_dropped_with_it():
+    """The memo returns what the tokenizer itself gives, never another tokenizer's ids (an id reused after a
+    tokenizer is freed must not hit), and keeps no tokenizer alive."""
+    import gc
+    import weakref
+
+    from progpo.rollout.engines import constrained
+
+    class CountingTokenizer:
+        def __init__(self, offset: int) -> None:
+            self.offset, self.calls = offset, 0
+
+        def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+            self.calls += 1
+            return {"input_ids": [self.offset + ord(c) for c in text]}
+
+    first = CountingTokenizer(0)
+    ids = constrained.allowed_sequences(first, ["go to desk 1", "look"], eos_id=7)
+    again = constrained.allowed_sequences(first, ["go to desk 1", "look"], eos_id=7)
+    assert ids == again and first.calls == 2  # second listing: no tokenisation
+    assert ids[1] == [ord(c) for c in "<action>look</action>"] + [7]
+    gone = weakref.ref(first)
+    del first, again
+    gc.collect()
+    assert gone() is None  # the memo did not keep it alive
+    second = CountingTokenizer(1000)  # may reuse the freed object's id
+    assert constrained.allowed_sequences(second, ["look"], eos_id=7)[0][0] == 1000 + ord("<")
+    assert second in constrained._CACHES

@@ -32,6 +32,7 @@ drifts without the PPO ratio seeing it.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import Literal
 
@@ -56,14 +57,28 @@ def allowed_sequences(tokenizer, admissible: Sequence[str], eos_id: int) -> list
 def _answer_ids(tokenizer, command: str, eos_id: int) -> list[int]:
     """``<action>command</action><eos>`` as ids; cached, since every step of every rollout lists the room's commands
     again (tokenising them was 3% of a rollout)."""
-    _TOKENIZERS.setdefault(id(tokenizer), tokenizer)
-    return list(_cached_answer_ids(id(tokenizer), command, eos_id))
+    cache = _cache_of(tokenizer)
+    key = ("answer", command, eos_id)
+    if key not in cache:
+        ids = tokenizer(f"{ACTION_OPEN}{command}{ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
+        cache[key] = (*ids, eos_id)
+    return list(cache[key])
 
 
-@functools.lru_cache(maxsize=65536)
-def _cached_answer_ids(tokenizer_key: int, command: str, eos_id: int) -> tuple[int, ...]:
-    ids = _TOKENIZERS[tokenizer_key](f"{ACTION_OPEN}{command}{ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
-    return (*ids, eos_id)
+CACHE_LIMIT = 65536  # entries per tokenizer; past it the memo starts over (a WebShop run meets ~10^4 commands)
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cache_of(tokenizer) -> dict:
+    """The memo of one tokenizer's answer ids and placeholder commands. Held weakly, so it goes with the tokenizer
+    (no tokenizer kept alive, no id reused by a new one); a tokenizer that cannot be weakly referenced gets none."""
+    try:
+        cache = _CACHES.setdefault(tokenizer, {})
+    except TypeError:
+        return {}
+    if len(cache) > CACHE_LIMIT:
+        cache.clear()
+    return cache
 
 
 def next_tokens(options: Sequence[Sequence[int]], prefix: Sequence[int], eos_id: int) -> list[int]:
@@ -272,20 +287,14 @@ def answer_space(tokenizer, admissible: Sequence[str], eos_id: int, task_text: s
     return AnswerSpace(options, templates, eos_id)
 
 
-@functools.lru_cache(maxsize=512)
-def _cached_command(tokenizer_key: int, command: str, eos_id: int, words: tuple[str, ...] | None,
-                    budget: int | None) -> PlaceholderCommand:
-    return PlaceholderCommand(_TOKENIZERS[tokenizer_key], command, eos_id, words, budget)
-
-
-_TOKENIZERS: dict[int, object] = {}
-
-
 def _placeholder_command(tokenizer, command: str, eos_id: int, words: tuple[str, ...] | None,
                          budget: int | None) -> PlaceholderCommand:
     """One per (tokenizer, command, words, budget): the N rollouts of a task and its repeated visits share it."""
-    _TOKENIZERS.setdefault(id(tokenizer), tokenizer)
-    return _cached_command(id(tokenizer), command, eos_id, words, budget)
+    cache = _cache_of(tokenizer)
+    key = ("placeholder", command, eos_id, words, budget)
+    if key not in cache:
+        cache[key] = PlaceholderCommand(tokenizer, command, eos_id, words, budget)
+    return cache[key]
 
 
 class AnswerCursor:
