@@ -33,6 +33,15 @@ logger = logging.getLogger(__name__)
 StepResult = tuple[Observation, float, bool, StepInfo]
 
 
+def worker_context(start_method: str) -> Any:
+    """The context the env workers start from. Inside a loky worker (Hydra's joblib launcher) the process-wide
+    start method is "loky", which a spawned child inherits but cannot look up (it has not imported loky), so it
+    died at start-up: this process goes back to the plain method first."""
+    if mp.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        mp.set_start_method(start_method, force=True)
+    return mp.get_context(start_method)
+
+
 # -- worker side ----------------------------------------------------------------------------------------------
 def _worker_main(conn: Connection, env_factory: Callable[[], Env], worker_id: int) -> None:
     """Serve commands until "close" or a closed pipe. One reply per env item, then ("done", seq)."""
@@ -173,7 +182,7 @@ class EnvPool:
                 raise TypeError(
                     f"env_factory must be picklable to reach the worker processes: {exc}"
                 ) from exc
-            self._ctx = mp.get_context(start_method)
+            self._ctx = worker_context(start_method)
             bounds = [round(i * num_envs / self.num_workers) for i in range(self.num_workers + 1)]
             for w in range(self.num_workers):
                 indices = tuple(range(bounds[w], bounds[w + 1]))

@@ -210,3 +210,20 @@ def test_bench_runs(tmp_path, monkeypatch):
     assert 4 <= res["steps"] <= 16 and res["steps_per_s"] > 0  # 4 envs, at most 4 steps each
     assert res["first_reset_s"] > 0 and res["new_games_reset_s"] > 0
     assert not mp.active_children()
+
+
+def _play_in_this_process(n_envs: int) -> tuple[str | None, list[str]]:
+    with EnvPool(ScriptedFactory(), num_envs=n_envs, num_workers=2) as pool:
+        obs = pool.reset(_tasks(n_envs))
+    return mp.get_start_method(allow_none=True), [o.text for o in obs]
+
+
+def test_pool_starts_inside_a_loky_worker():
+    """Hydra's joblib launcher runs each job in a loky worker, whose start method is "loky": the env workers
+    spawned there used to die at start-up (a child cannot look up "loky"). Two jobs at once, as the launcher."""
+    from joblib import Parallel, delayed
+
+    results = Parallel(n_jobs=2, backend="loky")(delayed(_play_in_this_process)(2) for _ in range(2))
+    for method, texts in results:
+        assert method == "spawn"
+        assert [t.split(" pid ")[0] for t in texts] == ["start t0", "start t1"]
