@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import optuna
 
 from progpo.sweep.spec import SweepSpec, SweepSpecError
+from progpo.tracking.locks import file_lock
 
 log = logging.getLogger(__package__)
 
@@ -90,13 +90,8 @@ def storage_lock(storage: optuna.storages.BaseStorage | None, study_name: str) -
     """
     url = str(getattr(storage, "url", "") or "")
     if url.startswith("sqlite:///"):
-        lock_path = Path(url[len("sqlite:///") :] + ".lock")
-        with lock_path.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with file_lock(url[len("sqlite:///") :] + ".lock"):
+            yield
         return
     if url.startswith("postgresql"):
         from sqlalchemy import text

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from typing_extensions import override
 
 from progpo.config.groups import ConfigError
+from progpo.tracking.locks import file_lock
 from progpo.tracking.retry import RetryPolicy, call_with_retry
 from progpo.tracking.run_info import (
     MAX_TAG_VALUE_LENGTH,
@@ -87,6 +88,17 @@ def check_tracking_uri(tracking_uri: str, timeout_s: float = 5.0) -> None:
         path = _sqlite_path(tracking_uri)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            create_sqlite_store(tracking_uri, path)
+
+
+def create_sqlite_store(tracking_uri: str, path: Path) -> None:
+    """Create (or migrate) the sqlite store under a file lock beside it. MLflow builds its tables on first use;
+    two processes doing it at once (two jobs of a parallel multirun on a fresh store) broke one of them with
+    alembic's "Online migration expected to match one row"."""
+    from mlflow import MlflowClient
+
+    with file_lock(path.with_name(path.name + ".lock")):
+        MlflowClient(tracking_uri).search_experiments(max_results=1)
 
 
 def default_artifact_location(tracking_uri: str, experiment_name: str) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -324,3 +325,30 @@ def test_artifacts_stay_with_the_sqlite_store_and_the_experiment_is_classic_ml(t
     old = client.create_experiment("made elsewhere")  # e.g. by an older version: gets the tag on first use
     make_logger(_cfg(), tracking_uri=uri, experiment_name="made elsewhere", **_fast())
     assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+FIRST_RUN = """
+import sys, time
+from omegaconf import OmegaConf
+from progpo.tracking.mlflow_logger import make_logger
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))  # every process reaches the fresh store at the same moment
+logger = make_logger(OmegaConf.create({"seed": int(sys.argv[3])}), sys.argv[1], experiment_name="race",
+                     run_name=f"job{sys.argv[3]}", retries=0, log_config=False)
+logger.end_run("FINISHED")
+"""
+
+
+def test_parallel_jobs_on_a_fresh_sqlite_store_all_start(tmp_path):
+    """The jobs of a parallel multirun (hydra/launcher=joblib) create their runs on a store nobody made yet: the
+    first one builds MLflow's tables under a lock, the others wait and use them (no retries allowed here)."""
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    start = time.time() + 12  # past the imports of every process
+    procs = [subprocess.Popen([sys.executable, "-c", FIRST_RUN, uri, str(start), str(i)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-2000:] for o in outputs)
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["job0", "job1", "job2"]
+    assert {r.info.status for r in runs} == {"FINISHED"}
