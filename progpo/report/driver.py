@@ -10,7 +10,15 @@ from typing import Any
 
 from progpo.report.figures import credit_figure, success_figure
 from progpo.report.records import RunRecord, describe_left_out, load_runs
-from progpo.report.tables import credit_table, final_table, to_csv, to_markdown
+from progpo.report.tables import (
+    credit_table,
+    final_table,
+    seed_csv,
+    seed_markdown,
+    seed_rows,
+    to_csv,
+    to_markdown,
+)
 from progpo.tracking.mlflow_logger import KIND_TAG
 
 
@@ -37,6 +45,7 @@ def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str) -
                 f"{len(records)} runs; cells are mean ± sample std over seeds [95% t-interval of the mean over "
                 "seeds], in percent.", ""]
     tables = _write_tables(_table_specs(records), out_dir, sections)
+    tables += _write_seed_table(records, out_dir, sections)
     figures = _write_figures(records, out_dir, sections)
     (out_dir / "report.md").write_text("\n".join(sections))
     tables.insert(0, out_dir / "report.md")
@@ -81,6 +90,18 @@ def _write_tables(specs: Sequence[TableSpec], out_dir: Path, sections: list[str]
         tables += [out_dir / f"{stem}.md", out_dir / f"{stem}.csv"]
         sections.append(markdown)
     return tables
+
+
+def _write_seed_table(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:
+    """``table1_seeds.md/.csv``: every run's held-out success at its first and last evaluation, and the change."""
+    rows = seed_rows(records)
+    if not rows:
+        return []
+    markdown = seed_markdown("Table 1, per seed: held-out success at the first and last evaluation", rows)
+    (out_dir / "table1_seeds.md").write_text(markdown)
+    seed_csv(out_dir / "table1_seeds.csv", rows)
+    sections.append(markdown)
+    return [out_dir / "table1_seeds.md", out_dir / "table1_seeds.csv"]
 
 
 def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:

@@ -99,6 +99,56 @@ def credit_table(records: Sequence[RunRecord]) -> tuple[list[str], list[dict[str
     return list(CREDIT_KEYS), rows
 
 
+@dataclass(frozen=True)
+class SeedRow:
+    """One run's held-out success at its first and last evaluation (fractions)."""
+
+    env: str
+    method: str
+    seed: str
+    start_step: int
+    start: float
+    end_step: int
+    end: float
+
+    @property
+    def change(self) -> float:
+        return self.end - self.start
+
+
+def seed_rows(records: Sequence[RunRecord], key: str = "val/success") -> list[SeedRow]:
+    """One row per run with ``key`` logged, ordered by env, method, seed.
+
+    Every seed's first held-out evaluation starts from the same warm start but samples its own episodes, so the
+    starts differ by the evaluation's noise; a seed's own change is the paired view of its result."""
+    rows = []
+    for r in sorted(records, key=lambda r: (r.env, _sort_key(r.label), r.seed)):
+        if r.history.get(key):
+            (first_step, first), (last_step, last) = r.history[key][0], r.history[key][-1]
+            rows.append(SeedRow(r.env, r.label, r.seed, first_step, first, last_step, last))
+    return rows
+
+
+def seed_markdown(title: str, rows: Sequence[SeedRow]) -> str:
+    """``seed_rows`` as a Markdown table (percent, and the iteration each value was measured at)."""
+    lines = [f"### {title}", "", "In percent; `it` = iterations done when it was measured.", "",
+             "| env | method | seed | start | end | change (pts) |", "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.env} | {r.method} | {r.seed} | {100 * r.start:.1f} (it {r.start_step}) | "
+              f"{100 * r.end:.1f} (it {r.end_step}) | {100 * r.change:+.1f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def seed_csv(path: Path, rows: Sequence[SeedRow]) -> None:
+    """``seed_rows`` as CSV (fractions)."""
+    import csv
+
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["env", "method", "seed", "start_step", "start", "end_step", "end", "change"])
+        writer.writerows([r.env, r.method, r.seed, r.start_step, f"{r.start:.10g}", r.end_step, f"{r.end:.10g}",
+                          f"{r.change:.10g}"] for r in rows)
+
+
 def _fmt(cell: Cell) -> str:
     """'52.0 ± 3.1 [44.3, 59.7]' (percent: mean ± std [95% CI]); the mean alone for one seed, '-' for none."""
     if cell.n == 0:

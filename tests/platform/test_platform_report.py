@@ -110,6 +110,19 @@ def test_report_tables_figures_and_mlflow_run(store, tmp_path):
     assert again.report_run_id == files.report_run_id and again.n_runs == 4
 
 
+def test_per_seed_table_pairs_each_runs_first_and_last_evaluation(store, tmp_path):
+    uri, _ = store
+    make_report("cmp", tmp_path / "out", tracking_uri=uri, upload=False)
+    with (tmp_path / "out" / "table1_seeds.csv").open() as handle:
+        rows = {(r["method"], r["seed"]): r for r in csv.DictReader(handle)}
+    assert set(rows) == {("grpo", "0"), ("grpo", "1"), ("progpo", "0"), ("progpo", "1")}  # FAILED run left out
+    progpo1 = rows[("progpo", "1")]  # logged val/success 0 at iteration 0, 0.95 at iteration 6
+    assert (int(progpo1["start_step"]), int(progpo1["end_step"])) == (0, 6)
+    assert float(progpo1["start"]) == 0.0 and float(progpo1["end"]) == pytest.approx(0.95)
+    assert float(progpo1["change"]) == pytest.approx(0.95)
+    assert "| alfworld | progpo | 1 | 0.0 (it 0) | 95.0 (it 6) | +95.0 |" in (tmp_path / "out" / "table1_seeds.md").read_text()
+
+
 def test_ablation_report_has_table3(store, tmp_path):
     uri, _ = store
     make_report("abl", tmp_path / "abl", tracking_uri=uri, upload=False)
