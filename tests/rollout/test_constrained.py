@@ -159,6 +159,9 @@ def test_answer_ids_are_memoised_per_tokenizer_and_dropped_with_it():
     ids = constrained.allowed_sequences(first, ["go to desk 1", "look"], eos_id=7)
     again = constrained.allowed_sequences(first, ["go to desk 1", "look"], eos_id=7)
     assert ids == again and first.calls == 2  # second listing: no tokenisation
+    space = constrained.answer_space(first, ["search[<query>]"], eos_id=7, task_text="red shoes")
+    assert space is not None and constrained.answer_space(first, ["search[<query>]"], 7, "red shoes") is not None
+    del space
     assert ids[1] == [ord(c) for c in "<action>look</action>"] + [7]
     gone = weakref.ref(first)
     del first, again

@@ -57,12 +57,10 @@ def allowed_sequences(tokenizer, admissible: Sequence[str], eos_id: int) -> list
 def _answer_ids(tokenizer, command: str, eos_id: int) -> list[int]:
     """``<action>command</action><eos>`` as ids; cached, since every step of every rollout lists the room's commands
     again (tokenising them was 3% of a rollout)."""
-    cache = _cache_of(tokenizer)
-    key = ("answer", command, eos_id)
-    if key not in cache:
-        ids = tokenizer(f"{ACTION_OPEN}{command}{ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
-        cache[key] = (*ids, eos_id)
-    return list(cache[key])
+    def build() -> tuple[int, ...]:
+        return (*tokenizer(f"{ACTION_OPEN}{command}{ACTION_CLOSE}", add_special_tokens=False)["input_ids"], eos_id)
+
+    return list(_memoised(tokenizer, ("answer", command, eos_id), build))
 
 
 CACHE_LIMIT = 65536  # entries per tokenizer; past it the memo starts over (a WebShop run meets ~10^4 commands)
@@ -79,6 +77,15 @@ def _cache_of(tokenizer) -> dict:
     if len(cache) > CACHE_LIMIT:
         cache.clear()
     return cache
+
+
+def _memoised(tokenizer, key: tuple, build):
+    """``build()`` once per (tokenizer, key). A memoised value must not hold the tokenizer strongly: the weak key
+    would then never die (hence the proxy in ``_placeholder_command``)."""
+    cache = _cache_of(tokenizer)
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]
 
 
 def next_tokens(options: Sequence[Sequence[int]], prefix: Sequence[int], eos_id: int) -> list[int]:
@@ -290,11 +297,12 @@ def answer_space(tokenizer, admissible: Sequence[str], eos_id: int, task_text: s
 def _placeholder_command(tokenizer, command: str, eos_id: int, words: tuple[str, ...] | None,
                          budget: int | None) -> PlaceholderCommand:
     """One per (tokenizer, command, words, budget): the N rollouts of a task and its repeated visits share it."""
-    cache = _cache_of(tokenizer)
-    key = ("placeholder", command, eos_id, words, budget)
-    if key not in cache:
-        cache[key] = PlaceholderCommand(tokenizer, command, eos_id, words, budget)
-    return cache[key]
+    try:
+        held = weakref.proxy(tokenizer)  # the command keeps using the tokenizer, but must not keep it alive
+    except TypeError:
+        held = tokenizer  # not weakly referenceable: ``_cache_of`` memoises nothing for it either
+    return _memoised(tokenizer, ("placeholder", command, eos_id, words, budget),
+                     lambda: PlaceholderCommand(held, command, eos_id, words, budget))
 
 
 class AnswerCursor:
