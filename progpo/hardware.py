@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 
@@ -9,16 +10,35 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 @cache
-def cpu_flags() -> frozenset[str] | None:
-    """The CPU feature flags of /proc/cpuinfo; None where they cannot be read (not Linux)."""
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name : value`` line of /proc/cpuinfo; None where it cannot be read (not Linux)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
     return None
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU feature flags of /proc/cpuinfo; None where they cannot be read (not Linux)."""
+    flags = _cpuinfo_field("flags")
+    return None if flags is None else frozenset(flags.split())
+
+
+def machine_label() -> str:
+    """``"<CPU model>, <n> CPUs, <bf16 flags or 'no fast bf16'>"``, e.g. ``"AMD EPYC, 2 CPUs, avx512_bf16"``.
+
+    Logged with every run (tag ``machine``) because float results differ in their last bits from one CPU to the
+    next (kernel choice, vector width), and over an SFT warm start and a few RL iterations that is a different
+    policy: runs from different machines are not like for like, and the report says which machine each came from.
+    """
+    flags = cpu_flags() or frozenset()
+    bf16 = "+".join(f for f in BF16_FLAGS if f in flags) or "no fast bf16"
+    return f"{_cpuinfo_field('model name') or 'unknown CPU'}, {os.cpu_count()} CPUs, {bf16}"
 
 
 def cpu_has_fast_bf16() -> bool | None:

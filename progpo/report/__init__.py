@@ -19,15 +19,21 @@ in the experiment (tag ``progpo.kind=report``; re-running the report overwrites 
 - ``fig4_ablation_<env>.png``, ``fig5_ablation_<env>.png``: the same for the ablation variants, when the experiment
   holds both method runs and ablation runs.
 
+- ``runs.json``: the records behind the tables (final metrics, curves, tags): the tracking store is local and
+  git-ignored, so ``--records <folder>/runs.json`` rebuilds a committed report on any clone, and adds its runs to
+  the store's (a run in both counts once) when new seeds are trained; ``report.md`` names the machines (tag
+  ``machine``) the runs came from and warns when they differ.
+
 Runs are grouped by ``method`` (the credit choice) plus ``[ablation]`` when set, and by ``env``; seeds are the runs
 of a group. Only FINISHED runs count unless ``--all-runs``; the report says how many it left out and in which state.
 A RUNNING run whose process is gone (tag ``progpo.process``: same host, that process no longer runs; e.g. killed
 with SIGKILL) is marked KILLED first. ``--group`` keeps the runs of one multirun or study.
 
-The package: ``records`` (reading the runs), ``tables``, ``figures``, ``driver`` (``make_report``) and ``cli``
+The package: ``records`` (reading the runs), ``archive`` (``runs.json``), ``tables``, ``figures``, ``driver`` (``make_report``) and ``cli``
 (``main``).
 """
 
+from progpo.report.archive import ARCHIVE_NAME, load_archive, merge_records, save_archive
 from progpo.report.cli import main
 from progpo.report.driver import ReportFiles, attach_to_mlflow, make_report, write_report
 from progpo.report.figures import (
@@ -56,6 +62,7 @@ from progpo.report.records import (
 from progpo.report.tables import CELL_NOTE, Cell, credit_table, final_table, t975, to_csv, to_markdown
 
 __all__ = [
+    "ARCHIVE_NAME",
     "ABLATION_COLOURS",
     "ABLATION_ORDER",
     "CELL_NOTE",
@@ -77,10 +84,13 @@ __all__ = [
     "ema",
     "final_table",
     "is_dense",
+    "load_archive",
     "load_runs",
     "main",
     "make_report",
     "mean_curve",
+    "merge_records",
+    "save_archive",
     "seed_curve",
     "success_figure",
     "t975",

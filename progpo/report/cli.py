@@ -23,12 +23,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///outputs/mlflow.db)")
     parser.add_argument("--group", default=None, help="only runs with this `group` tag (one multirun or study)")
     parser.add_argument("--all-runs", action="store_true", help="include runs that did not finish")
+    parser.add_argument("--records", action="append", default=[], metavar="RUNS_JSON",
+                        help="an earlier report's runs.json: its runs join the store's (a run in both counts "
+                             "once); the store may lack the experiment; repeatable")
     parser.add_argument("--no-upload", action="store_true", help="do not attach the report to MLflow")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         files = make_report(opts.experiment, opts.out, opts.tracking_uri, opts.group, opts.all_runs,
-                            upload=not opts.no_upload)
+                            upload=not opts.no_upload, archives=opts.records)
     except ValueError as error:
         log.error("%s", error)
         return 2

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from progpo.report.archive import ARCHIVE_NAME, load_archive, merge_records, save_archive
 from progpo.report.figures import credit_figure, success_figure
-from progpo.report.records import RunRecord, describe_left_out, load_runs
+from progpo.report.records import RunRecord, UnknownExperiment, describe_left_out, load_runs
 from progpo.report.tables import (
     credit_table,
     final_table,
@@ -35,7 +36,7 @@ class ReportFiles:
 
 
 def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str) -> tuple[list[Path], list[Path]]:
-    """Write tables (Markdown + CSV) and figures (PNG) for ``records`` into ``out_dir``."""
+    """Write tables (Markdown + CSV), figures (PNG) and the records themselves (``runs.json``) into ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,13 +44,28 @@ def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str) -
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = [f"# Report: MLflow experiment `{experiment}`", "",
                 f"{len(records)} runs; cells are mean ± sample std over seeds [95% t-interval of the mean over "
-                "seeds], in percent.", ""]
+                "seeds], in percent.", "", machines_line(records), ""]
     tables = _write_tables(_table_specs(records), out_dir, sections)
     tables += _write_seed_table(records, out_dir, sections)
     figures = _write_figures(records, out_dir, sections)
+    sections.append(f"The runs behind these tables: [`{ARCHIVE_NAME}`]({ARCHIVE_NAME}) (rebuild with `python -m "
+                    f"progpo.report --experiment {experiment} --records <this folder>/{ARCHIVE_NAME}`).\n")
     (out_dir / "report.md").write_text("\n".join(sections))
     tables.insert(0, out_dir / "report.md")
+    tables.append(save_archive(out_dir / ARCHIVE_NAME, experiment, records))
     return tables, figures
+
+
+def machines_line(records: Sequence[RunRecord]) -> str:
+    """Which machines the runs ran on (tag ``machine``): runs of different CPUs are not like for like."""
+    counts: dict[str, int] = {}
+    for record in records:
+        label = record.machine or "not logged (runs older than the machine tag)"
+        counts[label] = counts.get(label, 0) + 1
+    listed = "; ".join(f"{label}: {n} run(s)" for label, n in sorted(counts.items()))
+    warning = (" **Runs from more than one machine: their float results differ (a warm start built on each is a "
+               "different policy), so compare within one machine.**") if len(counts) > 1 else ""
+    return f"Machines: {listed}.{warning}"
 
 
 TableSpec = tuple[str, str, str, tuple[list[str], list[dict[str, Any]]]]  # file stem, title, note, (columns, rows)
@@ -148,13 +164,23 @@ def make_report(
     group: str | None = None,
     all_runs: bool = False,
     upload: bool = True,
+    archives: Sequence[str | Path] = (),
 ) -> ReportFiles:
-    """Read the experiment's runs from MLflow and write (and attach) the report."""
+    """Read the experiment's runs from MLflow, add those of ``archives`` (earlier reports' ``runs.json``) that the
+    store does not hold, and write (and attach) the report. With archives, the store may lack the experiment."""
     from mlflow import MlflowClient
 
+    archived = [r for path in archives for r in load_archive(path, experiment)
+                if group is None or r.group == group]
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
     client = MlflowClient(uri)
-    records, left_out = load_runs(client, experiment, group=group, all_runs=all_runs)
+    try:
+        records, left_out = load_runs(client, experiment, group=group, all_runs=all_runs)
+    except UnknownExperiment:
+        if not archives:
+            raise
+        records, left_out, upload = [], {}, False  # nothing of it in this store: the report is the archive's
+    records = merge_records(records, archived)
     if not records:
         raise ValueError(
             f"experiment {experiment!r} has no {'' if all_runs else 'FINISHED '}training runs"

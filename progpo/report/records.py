@@ -10,7 +10,7 @@ from typing import Any
 
 from progpo.credit.result import DIAGNOSTIC_STATS
 from progpo.tracking.mlflow_logger import KIND_TAG
-from progpo.tracking.run_info import PROCESS_TAG, process_is_gone
+from progpo.tracking.run_info import MACHINE_TAG, PROCESS_TAG, process_is_gone
 
 log = logging.getLogger(__package__)
 
@@ -33,6 +33,8 @@ class RunRecord:
     final: dict[str, float]  # latest value of every metric
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # step-sorted, for CURVE_KEYS
     variant: str | None = None  # Table 3's variant: the `ablation` tag, else what a ProGPO run's credit config is
+    group: str | None = None  # the `group` tag: the multirun or study the run belongs to
+    machine: str | None = None  # the `machine` tag (``progpo.hardware.machine_label``); None for older runs
 
     @property
     def label(self) -> str:
@@ -78,6 +80,10 @@ def describe_left_out(left_out: dict[str, int]) -> str:
     return f"left out {sum(left_out.values())} run(s) that did not finish: {parts}; --all-runs includes them"
 
 
+class UnknownExperiment(ValueError):
+    """The tracking store has no experiment of that name."""
+
+
 def _status(client: Any, run: Any) -> str:
     """The run's status, after marking a RUNNING run whose process is gone as KILLED."""
     status = run.info.status
@@ -98,7 +104,7 @@ def load_runs(
     found = client.get_experiment_by_name(experiment)
     if found is None:
         known = sorted(e.name for e in client.search_experiments())
-        raise ValueError(f"--experiment {experiment!r} does not exist in this tracking store; known: {known}")
+        raise UnknownExperiment(f"--experiment {experiment!r} does not exist in this tracking store; known: {known}")
     query = f"tags.group = '{group}'" if group else ""
     runs = client.search_runs([found.experiment_id], filter_string=query, max_results=5000)
     records = []
@@ -119,6 +125,8 @@ def load_runs(
             ablation=tags.get("ablation") or None,
             status=status,
             final=dict(run.data.metrics),
+            group=tags.get("group"),
+            machine=tags.get(MACHINE_TAG),
         )
         if record.ablation:
             record.variant = record.ablation

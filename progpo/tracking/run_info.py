@@ -15,6 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from progpo.hardware import machine_label
+
 log = logging.getLogger(__name__)
 
 # MLflow 3 limits (mlflow.utils.validation): keys up to 250 characters, param values up to 6000,
@@ -25,6 +27,7 @@ MAX_TAG_VALUE_LENGTH = 8000
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 # The config groups whose choice names a run (tag name -> Hydra group).
+MACHINE_TAG = "machine"  # progpo.hardware.machine_label(): runs of different CPUs are not like for like
 CHOICE_TAGS = {"method": "credit", "env": "env", "model": "model", "experiment": "experiment", "ablation": "ablation"}
 
 
@@ -146,6 +149,7 @@ def derive_tags(cfg: Any, experiment_name: str, group: str | None) -> dict[str, 
     if "seed" in container:
         tags["seed"] = str(container["seed"])
     tags["group"] = group or sweep_dir or experiment_name
+    tags[MACHINE_TAG] = machine_label()
     if overrides:
         tags["hydra_overrides"] = clip(" ".join(overrides), MAX_TAG_VALUE_LENGTH)
     return tags

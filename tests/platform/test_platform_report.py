@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from progpo.tracking.run_info import process_id
 TYPES = ("pick_and_place_simple", "pick_two_obj_and_place")
 
 
-def _log_run(client, experiment_id, method, seed, final_val, *, status="FINISHED", ablation=None, iterations=6):
+def _log_run(client, experiment_id, method, seed, final_val, *, status="FINISHED", ablation=None, iterations=6,
+             machine=None):
     tags = {"method": method, "env": "alfworld", "seed": str(seed), "progpo.kind": "train", "group": "g"}
+    if machine:
+        tags["machine"] = machine
     if ablation:
         tags["ablation"] = ablation
     run = client.create_run(experiment_id, tags=tags)
@@ -189,3 +193,86 @@ def test_unfinished_runs_are_left_out_counted_and_dead_ones_marked_killed(store,
     assert client.get_run(live).info.status == client.get_run(elsewhere).info.status == "RUNNING"
     table = (tmp_path / "r" / "table1_success.md").read_text()
     assert "| alfworld | progpo | 2 |" in table  # seeds 0 and 1 only: the killed run's start value is not "final"
+
+
+REPORT_FILES = ("table1_success.csv", "table1_seeds.csv", "table2_credit.csv", "table1_success.md",
+                "table2_credit.md")
+
+
+def test_runs_json_rebuilds_the_report_without_the_store(store, tmp_path):
+    """The store is local and git-ignored: a committed report's runs.json alone gives the same tables."""
+    uri, _ = store
+    first = make_report("cmp", tmp_path / "first", tracking_uri=uri, upload=False)
+    assert tmp_path / "first" / "runs.json" in first.tables
+    empty_store = f"sqlite:///{tmp_path / 'fresh.db'}"  # another clone: no experiment `cmp` at all
+    rebuilt = make_report("cmp", tmp_path / "rebuilt", tracking_uri=empty_store,
+                          archives=[tmp_path / "first" / "runs.json"])
+    assert rebuilt.n_runs == 4 and rebuilt.report_run_id is None  # nothing to attach it to
+    for name in REPORT_FILES:
+        assert (tmp_path / "rebuilt" / name).read_text() == (tmp_path / "first" / name).read_text(), name
+    archived = json.loads((tmp_path / "rebuilt" / "runs.json").read_text())
+    curve = next(r for r in archived["runs"] if r["method"] == "progpo" and r["seed"] == "1")["history"]
+    assert curve["val/success"] == [[0, 0.0], [3, pytest.approx(0.475)], [6, pytest.approx(0.95)]]
+
+
+def test_archived_runs_join_the_stores_once(store, tmp_path):
+    """New seeds in a store extend an archived benchmark; a run both hold counts once; --group filters both."""
+    uri, client = store
+    make_report("cmp", tmp_path / "old", tracking_uri=uri, upload=False)
+    archive = tmp_path / "old" / "runs.json"
+    same = make_report("cmp", tmp_path / "same", tracking_uri=uri, upload=False, archives=[archive])
+    assert same.n_runs == 4  # the archive's runs are the store's own
+
+    new_uri = f"sqlite:///{tmp_path / 'new.db'}"
+    new_client = mlflow.MlflowClient(new_uri)
+    _log_run(new_client, new_client.create_experiment("cmp"), "grpo", 2, 0.9)
+    grown = make_report("cmp", tmp_path / "grown", tracking_uri=new_uri, upload=False, archives=[archive])
+    assert grown.n_runs == 5
+    table1 = _csv(tmp_path / "grown" / "table1_success.csv")
+    assert table1[("grpo", "All")]["n"] == "3" and float(table1[("grpo", "All")]["mean"]) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="no FINISHED training runs in group 'other'"):
+        make_report("cmp", tmp_path / "none", tracking_uri=f"sqlite:///{tmp_path / 'e.db'}", group="other",
+                    archives=[archive])
+
+
+def test_bad_records_files_are_named(store, tmp_path, caplog):
+    uri, _ = store
+    make_report("cmp", tmp_path / "old", tracking_uri=uri, upload=False)
+    archive = tmp_path / "old" / "runs.json"
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"version": 1, "experiment": "cmp", "runs": [{"run_id": "x"}]}))
+    cases = [(["--experiment", "abl", "--records", str(archive)], "holds experiment 'cmp', not --experiment 'abl'"),
+             (["--experiment", "cmp", "--records", str(tmp_path / "missing.json")], "missing.json: no such file"),
+             (["--experiment", "cmp", "--records", str(broken)], "broken.json: not JSON"),
+             (["--experiment", "cmp", "--records", str(foreign)], "run #0 lacks ['method', 'env', 'seed', 'final']")]
+    for argv, message in cases:
+        caplog.clear()
+        assert main([*argv, "--tracking-uri", uri, "--no-upload", "--out", str(tmp_path / "x")]) == 2
+        assert message in caplog.text
+
+
+def test_report_names_the_machines_and_warns_when_they_differ(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("m")
+    _log_run(client, exp, "grpo", 0, 0.5, machine="CPU A, 2 CPUs, no fast bf16")
+    _log_run(client, exp, "grpo", 1, 0.5, machine="CPU A, 2 CPUs, no fast bf16")
+    make_report("m", tmp_path / "one", tracking_uri=uri, upload=False)
+    text = (tmp_path / "one" / "report.md").read_text()
+    assert "Machines: CPU A, 2 CPUs, no fast bf16: 2 run(s)." in text and "more than one machine" not in text
+    _log_run(client, exp, "grpo", 2, 0.5, machine="CPU B, 2 CPUs, avx512_bf16")
+    make_report("m", tmp_path / "two", tracking_uri=uri, upload=False)
+    assert "Runs from more than one machine" in (tmp_path / "two" / "report.md").read_text()
+
+
+def test_runs_are_tagged_with_their_machine():
+    from omegaconf import OmegaConf
+
+    from progpo.hardware import machine_label
+    from progpo.tracking.run_info import derive_tags
+
+    tags = derive_tags(OmegaConf.create({"seed": 0}), "exp", None)
+    assert tags["machine"] == machine_label()
+    assert tags["machine"].endswith(("bf16", "no fast bf16")) and " CPUs, " in tags["machine"]
