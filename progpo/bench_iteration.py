@@ -20,14 +20,13 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from progpo.algo.iteration import step_batch
-from progpo.algo.ppo import ppo_update, updated_steps
-from progpo.algo.scoring import first_of_each, reference_logprobs, score_turns
+from progpo.algo.ppo import updated_steps
+from progpo.algo.scoring import first_of_each, score_turns
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.types import RolloutBatch, Turn
 
@@ -114,25 +113,15 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
         recomputed = score_turns(actor, rl.reference, turns, rl.pad_token_id, rl.ppo.micro_batch_size,
                                  recompute_old=True)
         score_recompute_s = time.perf_counter() - started
-        started = time.perf_counter()  # the iteration's path: the engine's values, then the credit's, then the ref
-        scored = score_turns(actor, None, turns, rl.pad_token_id, rl.ppo.micro_batch_size)
-        score_reuse_s = time.perf_counter() - started
-        started = time.perf_counter()
-        credit = rl.credit(step_batch(turns, scored.embeddings))
-        credit_s = time.perf_counter() - started
-        advantages = credit.advantage.to(torch.float32)
-        trained = updated_steps(turns, advantages, rl.ppo.skip_zero_advantage)
-        if rl.reference is not None:
-            started = time.perf_counter()
-            scored = replace(scored, ref_logprobs=reference_logprobs(
-                rl.reference, turns, trained, rl.pad_token_id, rl.ppo.micro_batch_size))
-            score_reuse_s += time.perf_counter() - started
-        optimizer = optimizer_factory(actor.parameters())
-        started = time.perf_counter()
-        ppo_update(actor, optimizer, lambda loss: loss.backward(), turns, scored, advantages, rl.ppo,
-                   rl.pad_token_id, seed=seed)
-        update_s = time.perf_counter() - started
+        # the iteration's own path on the same rollout (the engine's log-probs, then the credit, the reference of
+        # the trained steps and the update), phases timed by the iteration itself
+        result = rl.learn(batch, 0, optimizer_factory(actor.parameters()), lambda loss: loss.backward())
+        perf = result.metrics
+        trained = updated_steps(turns, result.credit.advantage.to(torch.float32), rl.ppo.skip_zero_advantage)
+        score_reuse_s = perf["perf/score_s"]
+        credit_s, update_s = perf["perf/credit_s"], perf["perf/update_s"]
     actor.load_state_dict(weights)
+    rl.engine.sync_weights(actor)  # an engine with its own copy (vLLM) must not keep the measured update
     representative = first_of_each(turns)
     unique = sorted(set(representative))
     unique_trained = sorted({representative[i] for i in trained})

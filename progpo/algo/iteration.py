@@ -110,6 +110,13 @@ class RLIteration:
         """
         # 1. Collect: B tasks x N rollouts with the weights the engine holds (synced at the end of the last one).
         batch = self.collector.collect(tasks.tasks, self.group_size, first_group=tasks.first_group)
+        return self.learn(batch, tasks.iterations_done, optimizer, backward, no_sync)
+
+    def learn(self, batch: RolloutBatch, iterations_done: int, optimizer, backward,
+              no_sync: Callable[[], AbstractContextManager] = nullcontext) -> IterationResult:
+        """Steps 2-6 of ``run`` on a collected batch: score, credit, reference, update, weight sync, metrics
+        (``perf/<phase>_s`` time each phase). Apart from ``run`` so that ``progpo.bench iteration`` times the very
+        same phases on a rollout it also scores the old way."""
         # 2. Score with the same weights: old log-probs and state embeddings (reused from the HF engine's sampling
         #    unless ppo.recompute_old_logprobs).
         started = time.perf_counter()
@@ -126,12 +133,13 @@ class RLIteration:
             started = time.perf_counter()
             trained = updated_steps(batch.turns, advantages, self.ppo.skip_zero_advantage)
             scored = replace(scored, ref_logprobs=reference_logprobs(
-                self.reference, batch.turns, trained, self.pad_token_id, self.ppo.micro_batch_size))
+                self.reference, batch.turns, trained, self.pad_token_id, self.ppo.micro_batch_size,
+                scored.representative))
             score_s += time.perf_counter() - started
         # 4. Update: PPO epochs of clipped-surrogate minibatches.
         started = time.perf_counter()
         update = ppo_update(self.actor, optimizer, backward, batch.turns, scored, advantages, self.ppo,
-                            self.pad_token_id, seed=self.seed, iteration=tasks.iterations_done, no_sync=no_sync)
+                            self.pad_token_id, seed=self.seed, iteration=iterations_done, no_sync=no_sync)
         update_s = time.perf_counter() - started
         # 5. Push the new weights to the engine, so the next collection samples from them (no-op for HF).
         started = time.perf_counter()
@@ -142,7 +150,7 @@ class RLIteration:
             batch, credit, advantages, update, sampler_mismatch(batch.turns, scored.old_logprobs),
             {"score": score_s, "credit": credit_s, "update": update_s, "sync": sync_s},
         )
-        return IterationResult(tasks.iterations_done + 1, metrics, batch, credit)
+        return IterationResult(iterations_done + 1, metrics, batch, credit)
 
     def evaluate(self, tasks: IterationTasks) -> EvalResult:
         """One episode per held-out task: greedy (``eval_temperature=0``) or sampled at that temperature.

@@ -24,6 +24,7 @@ class ScoredTurns:
     ref_logprobs: list[torch.Tensor | None] | None  # None without a reference (ppo.kl_coef = 0); per turn, None for
     # a turn the update does not train on (``reference_logprobs``)
     embeddings: torch.Tensor  # [n, d]
+    representative: list[int] | None = None  # ``first_of_each(turns)``, kept so later passes need not redo it
 
 
 def micro_batches(
@@ -102,9 +103,10 @@ def score_turns(
         old[i], embeddings[i] = old[rep], embeddings[rep]
     return ScoredTurns(
         old_logprobs=old,  # type: ignore[arg-type]
-        ref_logprobs=reference_logprobs(reference, turns, range(len(turns)), pad_token_id, micro_batch_size)
-        if reference is not None else None,
+        ref_logprobs=reference_logprobs(reference, turns, range(len(turns)), pad_token_id, micro_batch_size,
+                                        representative) if reference is not None else None,
         embeddings=torch.stack(embeddings),  # type: ignore[arg-type]
+        representative=representative,
     )
 
 
@@ -115,14 +117,17 @@ def reference_logprobs(
     steps: Iterable[int],
     pad_token_id: int,
     micro_batch_size: int,
+    representative: list[int] | None = None,
 ) -> list[torch.Tensor | None]:
     """The frozen reference's log-probs of the response tokens of ``steps`` (None for the other turns).
 
     Only the update's KL needs them, so the iteration asks for the steps it trains on once the credit is known
-    (with ``ppo.skip_zero_advantage`` 20-50% fewer). Identical turns are scored once, shortest first.
+    (with ``ppo.skip_zero_advantage`` 20-50% fewer). Identical turns are scored once, shortest first;
+    ``representative`` is ``first_of_each(turns)`` when the caller has it (``ScoredTurns.representative``).
     """
     device = next(reference.parameters()).device
-    representative = first_of_each(turns)
+    if representative is None:
+        representative = first_of_each(turns)
     wanted = set(steps)
     order = sorted({representative[i] for i in wanted}, key=lambda i: sequence_length(turns[i]))
     ref: list[torch.Tensor | None] = [None] * len(turns)

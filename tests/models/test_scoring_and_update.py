@@ -13,7 +13,7 @@ import torch
 
 import progpo.algo.scoring
 from progpo.algo.ppo import ppo_update
-from progpo.algo.scoring import pad_token_id, score_turns
+from progpo.algo.scoring import first_of_each, pad_token_id, score_turns
 from progpo.config import PPOConfig
 from progpo.models.logprobs import forward_logprobs
 from progpo.types import Turn
@@ -172,8 +172,14 @@ def test_reference_logprobs_of_some_steps_equal_those_of_all_steps_there_and_non
 
     module = Update(tiny_policy)
     turns = _turns(tiny_policy.tokenizer)
-    full = score_turns(module.actor, module.reference, turns, module.pad, 4).ref_logprobs
+    scored = score_turns(module.actor, module.reference, turns, module.pad, 4)
+    full = scored.ref_logprobs
     some = reference_logprobs(module.reference, turns, [1, 4, 8], module.pad, 4)
     assert [i for i, r in enumerate(some) if r is not None] == [1, 4, 8]
     for i in (1, 4, 8):
         torch.testing.assert_close(some[i], full[i], atol=1e-6, rtol=0)
+    # the iteration hands over the duplicate map score_turns built instead of rebuilding it: same values
+    assert scored.representative == first_of_each(turns) and len(set(scored.representative)) < len(turns)
+    handed = reference_logprobs(module.reference, turns, [1, 4, 8], module.pad, 4, scored.representative)
+    for i in (1, 4, 8):
+        torch.testing.assert_close(handed[i], some[i], atol=0, rtol=0)
