@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.config": set(),
     "progpo.hardware": set(),  # CPU feature flags: a leaf
     "progpo.dist": set(),  # rank, world size, gathers: a leaf (torch.distributed only)
-    "progpo.tracking": {"progpo.config"},
+    "progpo.tracking": {"progpo.config", "progpo.hardware"},  # runs are tagged with their machine
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},
     "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "envs"},
     "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "envs"},
