@@ -17,7 +17,7 @@ from progpo.report.records import RunRecord
 
 ARCHIVE_NAME = "runs.json"
 ARCHIVE_VERSION = 1
-_REQUIRED = tuple(f.name for f in fields(RunRecord) if f.name in ("run_id", "method", "env", "seed", "final"))
+_REQUIRED = ("run_id", "method", "env", "seed", "final")  # what every table reads; checked by name before use
 
 
 def save_archive(path: Path, experiment: str, records: Sequence[RunRecord]) -> Path:
