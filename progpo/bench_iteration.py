@@ -3,9 +3,12 @@
 Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), then for float32 and for bf16
 autocast plays one iteration's tasks and times each phase: rollout, scoring (the recomputing path, actor + reference
 passes, against the reusing one, reference only), credit and the PPO update (from the same weights each time).
-Each phase's useful FLOPs (no padding, causal attention, KV-cache decoding counted once) are set against this
-machine's matmul peak measured in the same run, so the numbers mean something on a shared machine too; old
-(float32, recompute) against new (the chosen precision, reuse) is printed as a ratio.
+The update is
+timed twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
+forward (the update before that sharing). Each phase's useful FLOPs (no padding, causal attention, KV-cache decoding
+counted once) are set against this machine's matmul peak measured in the same run, so the numbers mean something on a
+shared machine too; old (float32, recompute, unshared update) against new (the chosen precision, reuse, shared update)
+is printed as a ratio.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from progpo.algo.ppo import updated_steps
-from progpo.algo.scoring import first_of_each, score_turns
+from progpo.algo.ppo import minibatch_plan, ppo_update, updated_steps
+from progpo.algo.scoring import first_of_each, reference_logprobs, score_turns
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.types import RolloutBatch, Turn
 
@@ -85,12 +88,14 @@ class PhaseTimes:
     score_reuse_s: float
     credit_s: float
     update_s: float
+    update_unshared_s: float  # the same update with every step its own forward (no sharing of identical turns)
     generated_tokens: int
     turns: int
     rollout_flops: float
     score_recompute_flops: float  # actor (+ reference) over the unique turns
     score_reuse_flops: float  # reference over the unique updated turns
-    update_flops: float
+    update_flops: float  # every trained step's forward and backward
+    update_shared_flops: float  # the same with identical turns of a micro-batch counted once (what is computed)
     logprob_diff_mean: float  # |sampling - recomputed| old log-probs
 
 
@@ -120,6 +125,8 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
         trained = updated_steps(turns, result.credit.advantage.to(torch.float32), rl.ppo.skip_zero_advantage)
         score_reuse_s = perf["perf/score_s"]
         credit_s, update_s = perf["perf/credit_s"], perf["perf/update_s"]
+        update_unshared_s = _unshared_update_s(rl, turns, result.credit.advantage.to(torch.float32), trained, weights,
+                                               optimizer_factory)
     actor.load_state_dict(weights)
     rl.engine.sync_weights(actor)  # an engine with its own copy (vLLM) must not keep the measured update
     representative = first_of_each(turns)
@@ -128,13 +135,42 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
     diffs = [(torch.tensor(t.sample_logprobs) - old).abs() for t, old in zip(turns, recomputed.old_logprobs)
              if t.response_ids]
     return PhaseTimes(
-        rollout_s, score_recompute_s, score_reuse_s, credit_s, update_s, batch.generated_tokens, len(turns),
+        rollout_s, score_recompute_s, score_reuse_s, credit_s, update_s, update_unshared_s, batch.generated_tokens,
+        len(turns),
         rollout_flops=sum(turn_flops(shape, t) for t in turns),
         score_recompute_flops=(2 if rl.reference is not None else 1) * sum(turn_flops(shape, turns[i]) for i in unique),
         score_reuse_flops=sum(turn_flops(shape, turns[i]) for i in unique_trained) if rl.reference is not None else 0.0,
         update_flops=3.0 * rl.ppo.epochs * sum(turn_flops(shape, turns[i]) for i in trained),
+        update_shared_flops=3.0 * sum(turn_flops(shape, turns[i]) for i in _shared_update_rows(rl, turns, trained)),
         logprob_diff_mean=float(torch.cat(diffs).mean()) if diffs else 0.0,
     )
+
+
+def _shared_update_rows(rl, turns: list[Turn], trained: list[int]) -> list[int]:
+    """The turns the shared update runs through the model, over all epochs: one per distinct turn per micro-batch."""
+    representative = first_of_each(turns)
+    rows = []
+    for minibatch in minibatch_plan(turns, trained, rl.ppo, rl.seed, 0):
+        size = rl.ppo.micro_batch_size
+        for start in range(0, len(minibatch.steps), size):
+            rows.extend(dict.fromkeys(representative[i] for i in minibatch.steps[start : start + size]))
+    return rows
+
+
+def _unshared_update_s(rl, turns: list[Turn], advantages: torch.Tensor, trained: list[int], weights: dict,
+                       optimizer_factory) -> float:
+    """The iteration's update from the same start weights, every step with its own forward: the update before
+    identical turns shared one (``ppo._micro_batch_loss``), timed for the ratio."""
+    rl.actor.load_state_dict(weights)
+    scored = score_turns(rl.actor, None, turns, rl.pad_token_id, rl.ppo.micro_batch_size)
+    if rl.reference is not None:
+        scored = replace(scored, ref_logprobs=reference_logprobs(rl.reference, turns, trained, rl.pad_token_id,
+                                                                 rl.ppo.micro_batch_size, scored.representative))
+    scored = replace(scored, representative=list(range(len(turns))))  # no turn known to equal another
+    started = time.perf_counter()
+    ppo_update(rl.actor, optimizer_factory(rl.actor.parameters()), lambda loss: loss.backward(), turns, scored,
+               advantages, rl.ppo, rl.pad_token_id, seed=rl.seed)
+    return time.perf_counter() - started
 
 
 def _median(runs: list[PhaseTimes], name: str) -> float:
@@ -147,7 +183,8 @@ def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, floa
         ("score, recompute (actor + ref, all steps)", "score_recompute_s", "score_recompute_flops"),
         ("score, reuse (ref, updated steps)", "score_reuse_s", "score_reuse_flops"),
         ("credit", "credit_s", None),
-        ("update", "update_s", "update_flops"),
+        ("update, each step its own forward (before)", "update_unshared_s", "update_flops"),
+        ("update (identical turns share a forward)", "update_s", "update_shared_flops"),
     ]
     lines = [f"## {label}", "",
              "| phase | " + " | ".join(f"{p} s | {p} GFLOP/s (% peak)" for p in runs) + " | float32 / bf16 |",
@@ -174,9 +211,10 @@ def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, floa
     return "\n".join(lines)
 
 
-def _iteration_s(runs: list[PhaseTimes], reuse: bool) -> float:
-    score = "score_reuse_s" if reuse else "score_recompute_s"
-    return sum(_median(runs, k) for k in ("rollout_s", score, "credit_s", "update_s"))
+def _iteration_s(runs: list[PhaseTimes], new: bool) -> float:
+    """The old path (recomputed old log-probs, unshared update) or the new one (the iteration as it runs)."""
+    score, update = ("score_reuse_s", "update_s") if new else ("score_recompute_s", "update_unshared_s")
+    return sum(_median(runs, k) for k in ("rollout_s", score, "credit_s", update))
 
 
 def bench_iteration(args: argparse.Namespace) -> None:
@@ -225,13 +263,15 @@ def bench_iteration(args: argparse.Namespace) -> None:
         _report("medians per phase", runs, peaks),
         "",
     ]
-    old = _iteration_s(runs["float32"], reuse=False)
-    lines.append(f"old path (float32, recompute old log-probs): {old:.1f} s per iteration")
+    old = _iteration_s(runs["float32"], new=False)
+    lines.append(f"old path (float32, recompute old log-probs, every step its own update forward): {old:.1f} s per "
+                 "iteration")
     for precision, measured in runs.items():
-        new = _iteration_s(measured, reuse=True)
-        lines.append(f"new path ({precision}, reuse the engine's log-probs): {new:.1f} s per iteration, "
+        new = _iteration_s(measured, new=True)
+        lines.append(f"new path ({precision}, reuse the engine's log-probs, shared update forwards): {new:.1f} s per "
+                     "iteration, "
                      f"{old / new:.2f}x faster")
-        useful = sum(_median(measured, k) for k in ("rollout_flops", "score_reuse_flops", "update_flops"))
+        useful = sum(_median(measured, k) for k in ("rollout_flops", "score_reuse_flops", "update_shared_flops"))
         lines.append(f"  its useful FLOPs at the {precision} matmul peak: {useful / peaks[precision] / 1e9:.1f} s per "
                      "iteration (the floor for this work on this machine: below it only fewer FLOPs help)")
     if args.profile_rollout:

@@ -45,3 +45,16 @@ def cpu_has_fast_bf16() -> bool | None:
     """True with AMX-BF16 or AVX512-BF16, False without either, None when unknown."""
     flags = cpu_flags()
     return None if flags is None else any(f in flags for f in BF16_FLAGS)
+
+
+def auto_precision(uses_cuda: bool) -> str:
+    """``trainer.precision=auto``: bf16 autocast where the hardware runs bf16 matmuls natively, else float32.
+
+    On a CPU that means AMX-BF16 or AVX512-BF16 (elsewhere bf16 is emulated and slower than float32); on CUDA, a
+    GPU that supports bf16 (Ampere and newer).
+    """
+    if uses_cuda:
+        import torch
+
+        return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"

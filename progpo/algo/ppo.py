@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from progpo import dist
-from progpo.algo.scoring import ScoredTurns, allowed_ids, micro_batches, sequence_length
+from progpo.algo.scoring import (
+    ScoredTurns,
+    allowed_ids,
+    first_of_each,
+    micro_batches,
+    sequence_length,
+    turn_content,
+)
 from progpo.config import PPOConfig
 from progpo.loss import LossOutput, ppo_loss
 from progpo.models.logprobs import forward_logprobs
@@ -64,26 +71,35 @@ class Minibatch:
 def minibatch_plan(turns: list[Turn], trainable: list[int], cfg: PPOConfig, seed: int, iteration: int) -> list[Minibatch]:
     """The minibatches of every epoch, the same on any number of ranks.
 
-    The trainable steps of all ranks are put in a canonical order, by (trajectory, step) with global ids, and
-    permuted by (seed, iteration, epoch) (``minibatch_order``); each run of ``minibatch_size`` of them is one
-    minibatch, and a rank trains on its own steps in it. So a minibatch of a 2-rank run is the union of the two
-    ranks' parts, and holds exactly the steps of the 1-rank run's minibatch.
+    The trainable steps of all ranks are put in a canonical order, by (trajectory, step) with global ids. Identical
+    turns (same prompt, response and allowed ids, compared by ``hash(turn_content)``; the N rollouts of a task often
+    open alike) form one unit; the units are permuted by (seed, iteration, epoch) (``minibatch_order``), so a turn's
+    copies land in one minibatch, where they share a forward pass (``_micro_batch_loss``). Each run of
+    ``minibatch_size`` steps of that order is one minibatch, and a rank trains on its own steps in it, shortest
+    first, copies side by side. So a minibatch of a 2-rank run is the union of the two ranks' parts, and holds
+    exactly the steps of the 1-rank run's minibatch. Without copies this is a plain permutation of the steps.
     """
     me = dist.rank()
-    rows = torch.tensor([[turns[i].traj, turns[i].t, len(turns[i].response_ids), me, i] for i in trainable],
-                        dtype=torch.long).reshape(-1, 5)
+    content = {i: hash(turn_content(turns[i])) for i in trainable}
+    rows = torch.tensor([[turns[i].traj, turns[i].t, len(turns[i].response_ids), me, i, content[i]] for i in trainable],
+                        dtype=torch.long).reshape(-1, 6)
     rows = dist.gather_rows(rows)
     if len(rows):
         rows = rows[torch.argsort(rows[:, 0] * (int(rows[:, 1].max()) + 1) + rows[:, 1], stable=True)]
+    unit_ids: dict[int, int] = {}
+    unit = torch.tensor([unit_ids.setdefault(h, len(unit_ids)) for h in rows[:, 5].tolist()], dtype=torch.long)
     plan = []
     for epoch in range(cfg.epochs):
-        order = minibatch_order(list(range(len(rows))), seed, iteration * cfg.epochs + epoch)
+        place = torch.empty(len(unit_ids), dtype=torch.long)  # each unit's place in this epoch's permutation
+        units_in_order = minibatch_order(list(range(len(unit_ids))), seed, iteration * cfg.epochs + epoch)
+        place[torch.tensor(units_in_order, dtype=torch.long)] = torch.arange(len(unit_ids))
+        order = torch.argsort(place[unit], stable=True)
         for start in range(0, len(order), cfg.minibatch_size):
             chunk = rows[order[start : start + cfg.minibatch_size]]
             per_rank = torch.bincount(chunk[:, 3], minlength=dist.world_size())
             mine = chunk[chunk[:, 3] == me, 4].tolist()
             plan.append(Minibatch(
-                steps=sorted(mine, key=lambda i: sequence_length(turns[i])),
+                steps=sorted(mine, key=lambda i: (sequence_length(turns[i]), content[i])),
                 tokens=int(chunk[:, 2].sum()),
                 micro_batches=-(-int(per_rank.max()) // cfg.micro_batch_size),
             ))
@@ -120,6 +136,7 @@ def ppo_update(
     params = [p for p in actor.parameters() if p.requires_grad]
     trainable = updated_steps(turns, advantages, cfg.skip_zero_advantage)
     world = dist.world_size()
+    representative = scored.representative if scored.representative is not None else first_of_each(turns)
     plan = minibatch_plan(turns, trainable, cfg, seed, iteration)
     sums = dict.fromkeys(LOSS_METRICS, 0.0)
     for minibatch in plan:
@@ -132,8 +149,8 @@ def ppo_update(
                 if not idx:  # this rank has no more steps in the minibatch: take part in the reduction with 0
                     backward(_zero_loss(actor, pad_token_id, device))
                     continue
-                loss = _micro_batch_loss(actor, turns, idx, scored, advantages, cfg, pad_token_id, device,
-                                         minibatch.tokens)
+                loss = _micro_batch_loss(actor, turns, idx, representative, scored, advantages, cfg, pad_token_id,
+                                         device, minibatch.tokens)
                 backward(loss.loss * world)
                 for name in ("loss", "policy_loss", "kl", "clip_fraction", "approx_kl", "entropy"):
                     sums[name] += float(getattr(loss, name).detach())
@@ -147,19 +164,30 @@ def ppo_update(
     return out
 
 
-def _micro_batch_loss(actor, turns: list[Turn], idx: list[int], scored: ScoredTurns, advantages: torch.Tensor,
-                      cfg: PPOConfig, pad_token_id: int, device: torch.device, tokens: int) -> LossOutput:
-    """The clipped-surrogate loss of steps ``idx``: their token sums over ``tokens`` (the whole minibatch's)."""
-    _, batch = next(micro_batches(turns, idx, len(idx), pad_token_id, device))
-    mask = batch.response_mask.bool()
-    ref = _scatter_rows(scored.ref_logprobs, idx, mask) if scored.ref_logprobs is not None else None
+def _micro_batch_loss(actor, turns: list[Turn], idx: list[int], representative: list[int], scored: ScoredTurns,
+                      advantages: torch.Tensor, cfg: PPOConfig, pad_token_id: int, device: torch.device,
+                      tokens: int) -> LossOutput:
+    """The clipped-surrogate loss of steps ``idx``: their token sums over ``tokens`` (the whole minibatch's).
+
+    Identical turns (same prompt, response and allowed ids: the N rollouts of a task often open alike) have the
+    same log-probs, so each distinct one goes through the model once and its rows are copied to its duplicates
+    before the loss; their advantages still differ, and the backward through the copy sums their gradients, so
+    the loss and its gradient are those of one forward per step.
+    """
+    distinct = list(dict.fromkeys(representative[i] for i in idx))
+    slot = {turn: k for k, turn in enumerate(distinct)}
+    rows = torch.tensor([slot[representative[i]] for i in idx], device=device)
+    _, batch = next(micro_batches(turns, distinct, len(distinct), pad_token_id, device))
     out = forward_logprobs(actor, batch.input_ids, batch.attention_mask, batch.response_mask,
-                           return_entropy=True, allowed=allowed_ids(turns, idx))
+                           return_entropy=True, allowed=allowed_ids(turns, distinct))
+    response_mask = batch.response_mask[rows]
+    mask = response_mask.bool()
+    ref = _scatter_rows(scored.ref_logprobs, idx, mask) if scored.ref_logprobs is not None else None
     return ppo_loss(
-        out.token_logprobs, _scatter_rows(scored.old_logprobs, idx, mask), ref,
-        advantages[idx].to(device), batch.response_mask,
+        out.token_logprobs[rows], _scatter_rows(scored.old_logprobs, idx, mask), ref,
+        advantages[idx].to(device), response_mask,
         clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef if ref is not None else 0.0,
-        entropy=out.entropy, entropy_coef=cfg.entropy_coef, token_normalizer=float(tokens),
+        entropy=out.entropy[rows], entropy_coef=cfg.entropy_coef, token_normalizer=float(tokens),
     )
 
 

@@ -49,15 +49,19 @@ def sequence_length(turn: Turn) -> int:
     return len(turn.prompt_ids) + len(turn.response_ids)
 
 
+def turn_content(turn: Turn) -> tuple:
+    """What a turn's log-probs depend on: prompt, response and allowed ids (a free position or row: ``()``,
+    unambiguous since a constrained position allows at least one id). Ints only, so ``hash`` of it is the same in
+    every process (the update's minibatch plan compares turns across ranks by it)."""
+    allowed = (tuple(tuple(a) if a is not None else () for a in turn.allowed_token_ids)
+               if turn.allowed_token_ids is not None else ())
+    return tuple(turn.prompt_ids), tuple(turn.response_ids), allowed
+
+
 def first_of_each(turns: list[Turn]) -> list[int]:
     """For every turn, the index of the first turn with the same prompt, response and allowed ids."""
     first: dict[tuple, int] = {}
-    out = []
-    for i, t in enumerate(turns):
-        allowed = (tuple(tuple(a) if a is not None else None for a in t.allowed_token_ids)
-                   if t.allowed_token_ids is not None else None)
-        out.append(first.setdefault((tuple(t.prompt_ids), tuple(t.response_ids), allowed), i))
-    return out
+    return [first.setdefault(turn_content(t), i) for i, t in enumerate(turns)]
 
 
 @torch.no_grad()

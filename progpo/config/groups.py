@@ -22,7 +22,9 @@ def require(ok: bool, key: str, allowed: str, value: Any) -> None:
         raise ConfigError(f"{key} must be {allowed}, got {value!r}. Fix it on the command line, e.g. {key}=...")
 
 
-PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed")
+# Lightning's precisions, and ``auto``: bf16-mixed where the hardware has native bf16, else 32-true (resolved at
+# start-up by ``progpo.hardware.auto_precision``; Lightning never sees "auto").
+PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16-true", "16-mixed")
 
 
 @dataclass

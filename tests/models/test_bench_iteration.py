@@ -42,7 +42,7 @@ def test_bench_iteration_command_reports_every_phase_for_both_precisions(capsys)
     out = capsys.readouterr().out
     assert "matmul peak" in out and "float32" in out and "bf16" in out
     for phase in ("| rollout |", "| score, recompute (actor + ref, all steps) |", "| score, reuse (ref, updated steps) |",
-                  "| update |"):
+                  "| update, each step its own forward (before) |", "| update (identical turns share a forward) |"):
         row = next(line for line in out.splitlines() if line.startswith(phase))
         assert "GFLOP/s" not in row and "%" in row  # a measured rate against the peak on every FLOP-counted phase
-    assert "old path (float32, recompute old log-probs)" in out and out.count("x faster") == 2
+    assert "old path (float32, recompute old log-probs, every step its own update forward)" in out and out.count("x faster") == 2

@@ -7,10 +7,12 @@ Both are shortcuts, so both are checked against the plain computation they repla
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
+import progpo.algo.ppo
 import progpo.algo.scoring
 from progpo.algo.ppo import ppo_update
 from progpo.algo.scoring import first_of_each, pad_token_id, score_turns
@@ -96,6 +98,39 @@ def test_skipping_zero_advantage_steps_equals_updating_on_the_others_alone(tiny_
     after_skip, after_subset = _params(skipping), _params(subset)
     for name in after_skip:
         torch.testing.assert_close(after_skip[name], after_subset[name], atol=1e-6, rtol=0)
+
+
+def test_identical_turns_share_one_update_forward_and_update_as_if_each_had_its_own(tiny_policy, monkeypatch):
+    turns = _turns(tiny_policy.tokenizer)  # 9 turns, 6 distinct; duplicates get different advantages
+    advantages = torch.tensor([1.0, -0.5, 0.3, 0.7, -1.0, 0.2, 0.9, -0.4, 0.6])
+    runs = {}
+    for name in ("shared", "plain"):
+        module = Update(copy.deepcopy(tiny_policy), epochs=3, minibatch_size=9, micro_batch_size=4)
+        scored = module.score(turns)
+        if name == "plain":  # no duplicates known: every step gets its own forward, the computation being replaced
+            scored = replace(scored, representative=list(range(len(turns))))
+        rows = []
+
+        def counting(model, input_ids, *args, rows=rows, **kwargs):
+            rows.append(input_ids.shape[0])
+            return forward_logprobs(model, input_ids, *args, **kwargs)
+
+        monkeypatch.setattr(progpo.algo.ppo, "forward_logprobs", counting)
+        metrics = module.update(turns, scored, advantages)
+        monkeypatch.undo()
+        runs[name] = (sum(rows), metrics, _params(module))
+    (rows_shared, metrics_shared, after_shared), (rows_plain, metrics_plain, after_plain) = runs["shared"], runs["plain"]
+    assert rows_plain == 3 * 9
+    # one epoch's 9 steps in micro-batches of 4, duplicates side by side: at most 6 distinct rows, at least one
+    # per micro-batch more than that when a pair straddles a boundary
+    assert 3 * 6 <= rows_shared <= 3 * 8
+    assert metrics_shared["loss/clip_fraction"] == pytest.approx(metrics_plain["loss/clip_fraction"])
+    for key in ("loss/total", "loss/policy", "loss/kl", "loss/entropy", "loss/grad_norm"):
+        assert metrics_shared[key] == pytest.approx(metrics_plain[key], rel=1e-5, abs=1e-7), key
+    for name in after_shared:
+        torch.testing.assert_close(after_shared[name], after_plain[name], atol=1e-6, rtol=0)
+    start = {k: v.detach() for k, v in tiny_policy.model.named_parameters()}
+    assert any(not torch.equal(after_plain[k], v) for k, v in start.items())  # the update did move the weights
 
 
 @pytest.mark.parametrize("skip", [True, False])
