@@ -25,7 +25,7 @@ def test_default_config_is_valid():
     typed = validate_config(_cfg())
     assert typed.schedule.max_iterations >= 1
     assert typed.rollout.group_size >= 1
-    assert typed.trainer.precision == "32-true" and typed.ppo.kl_coef > 0 and typed.eval.every >= 1
+    assert typed.trainer.precision == "auto" and typed.ppo.kl_coef > 0 and typed.eval.every >= 1
 
 
 def test_credit_history_follows_the_rollout_history():

@@ -27,7 +27,8 @@ MISMATCH_BOUND = 1e-3
 def test_train_on_vllm_with_smollm2_two_iterations_synced_and_tracked(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [
-        "rollout=vllm", "model=smollm2-135m", "env.n_train=4", "env.n_eval=1", "env.max_steps=2",
+        "rollout=vllm", "model=smollm2-135m", "trainer.precision=32-true", "env.n_train=4", "env.n_eval=1",
+        "env.max_steps=2",
         "rollout.tasks_per_batch=1", "rollout.group_size=2", "rollout.num_workers=0",
         "rollout.engine.max_new_tokens=128", "rollout.engine.gpu_memory_utilization=0.2",
         "schedule.max_iterations=2", "schedule.ckpt_every=10", "eval.every=5", "ppo.skip_zero_advantage=false",
