@@ -24,7 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.tracking": {"progpo.config", "progpo.hardware"},  # runs are tagged with their machine
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},
     "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "envs"},
-    "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "envs"},
+    "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "progpo.hardware",
+                         "envs"},  # warm_start.precision=auto asks the hardware leaf
     "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.loss", "progpo.config", "progpo.dist"},
     "progpo.lit": {"progpo.algo", "progpo.types", "progpo.config", "progpo.tracking", "progpo.credit", "progpo.dist",
                    "envs"},

@@ -165,6 +165,9 @@ class RolloutConfig:
                     self.max_prompt_tokens)
 
 
+WARM_START_PRECISIONS = ("32-true", "bf16-mixed", "auto")
+
+
 @dataclass
 class WarmStartConfig:
     """Supervised warm start on expert demos (``conf/warm_start``; ``model=tiny`` reads it as ``model.warm_start``).
@@ -180,6 +183,9 @@ class WarmStartConfig:
         not now, e.g. ``go to X`` while at X): the demos then show the env's answer to an invalid command and
         the expert's way on from there, the state a sampling policy most often gets itself into.
     seed: seeds the demo noise, the data order and the model initialisation.
+    precision: ``32-true`` (float32), ``bf16-mixed`` (bf16 autocast; weights, optimizer state and loss in float32)
+        or ``auto`` (bf16-mixed where the CPU or GPU has native bf16, as ``trainer.precision=auto``). A warm start
+        built in bf16 is another policy, so it is cached under a key of its own.
     """
 
     n_episodes: int = 200
@@ -191,6 +197,7 @@ class WarmStartConfig:
     action_noise: float = 0.2
     invalid_noise: float = 0.1
     seed: int = 0
+    precision: str = "32-true"
 
     def __post_init__(self) -> None:
         self.check()
@@ -203,6 +210,9 @@ class WarmStartConfig:
             raise ValueError("warm_start.epochs must be >= 0 and batch_size > 0")
         if not self.lr > 0:
             raise ValueError(f"warm_start.lr must be > 0, got {self.lr}")
+        if self.precision not in WARM_START_PRECISIONS:
+            raise ValueError(f"warm_start.precision must be one of {', '.join(WARM_START_PRECISIONS)}, got "
+                             f"{self.precision!r}")
         if not 0.0 <= self.action_noise < 1.0:
             raise ValueError(f"warm_start.action_noise must be in [0, 1), got {self.action_noise}")
         if not 0.0 <= self.invalid_noise < 1.0 or self.action_noise + self.invalid_noise >= 1.0:

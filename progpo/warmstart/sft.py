@@ -10,11 +10,13 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 from tqdm.auto import tqdm
 
 from progpo.config.groups import WarmStartConfig
+from progpo.hardware import auto_precision
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.rollout.prompt import PromptBuilder
 from progpo.warmstart.demos import DemoStep, response_text
@@ -72,6 +74,9 @@ def supervised_finetune(
     generator = torch.Generator().manual_seed(cfg.seed)
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
+    # bf16 autocast for the forward (the weights, AdamW's state and the loss stay float32)
+    precision = cfg.precision if cfg.precision != "auto" else auto_precision(uses_cuda=device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
     model.train()
     step, started, first_loss, last_loss = 0, time.perf_counter(), float("nan"), float("nan")
     bar = tqdm(total=total, desc="warm start SFT", leave=False, mininterval=5)
@@ -79,7 +84,8 @@ def supervised_finetune(
     while step < total:
         for rows in length_bucketed_batches(lengths, cfg.batch_size, generator):
             tb = pad_prompt_response([prompts[i] for i in rows], [targets[i] for i in rows], pad, device)
-            out = forward_logprobs(model, tb.input_ids, tb.attention_mask, tb.response_mask)
+            with autocast:
+                out = forward_logprobs(model, tb.input_ids, tb.attention_mask, tb.response_mask)
             mask = tb.response_mask.float()
             loss = -(out.token_logprobs * mask).sum() / mask.sum()
             optimizer.zero_grad(set_to_none=True)
@@ -98,7 +104,8 @@ def supervised_finetune(
     bar.close()
     model.eval()
     elapsed = time.perf_counter() - started
-    log.info("warm start SFT: %d steps in %.0fs, loss %.4f -> %.4f", step, elapsed, first_loss, last_loss)
+    log.info("warm start SFT (%s): %d steps in %.0fs, loss %.4f -> %.4f", precision, step, elapsed, first_loss,
+             last_loss)
     n_tokens = sum(len(p) + len(t) for p, t in zip(prompts, targets)) * step / max(1, n_batches)
     return {
         "sft_steps": step,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import transformers
 
 from envs.base import EnvSuite, tasks_fingerprint
 from progpo.config.groups import WarmStartConfig
+from progpo.hardware import auto_precision
 from progpo.models.cache import cached_build
 from progpo.models.tiny import check_reload, count_parameters, load_tiny, tiny_qwen2, train_tokenizer
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS
@@ -94,10 +96,15 @@ def build_tiny(
         "max_new_tokens": max_new_tokens,
         "prompt_style": prompt_style,
         "seed": seed,
-        "warm_start": vars(ws),
+        # the float32 default keeps the key builds had before warm_start.precision existed (their caches stay valid)
+        "warm_start": {k: v for k, v in vars(ws).items() if k != "precision"},
         "env": {"name": suite.name, "train_tasks": tasks_fingerprint(used_tasks), "max_steps": suite.max_steps},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
+    sft_precision = ws.precision if ws.precision != "auto" else auto_precision(uses_cuda=device.startswith("cuda"))
+    ws = replace(ws, precision=sft_precision)
+    if sft_precision != "32-true":
+        params["sft_precision"] = sft_precision
     if suite.name.startswith("webshop"):
         # Its demos label the expert's searches since issue 18 (they were dropped): builds cached before are not
         # re-used. A key of its own, not a BUILD_VERSION bump, so that every other env's cached builds stay valid.

@@ -106,6 +106,36 @@ def test_build_is_cached_and_reused_with_identical_weights(caplog):
     assert other.source != first.source
 
 
+def test_bf16_warm_start_runs_the_sft_under_autocast_keeps_float32_weights_and_is_cached_apart(monkeypatch):
+    import progpo.hardware
+    import progpo.warmstart.sft as sft
+
+    suite = fake_room_suite(n_train=20)
+    ws = {"n_episodes": 16, "epochs": 1, "max_steps": 3}
+    kwargs = dict(**{**TEST_SHAPE, "max_context": 512}, seed=2)
+    float32 = build_tiny(suite, **kwargs, warm_start=ws)
+    head_dtypes: set[torch.dtype] = set()
+    real = sft.forward_logprobs
+
+    def spying(model, *args, **kw):
+        handle = model.get_output_embeddings().register_forward_hook(lambda m, a, out: head_dtypes.add(out.dtype))
+        try:
+            return real(model, *args, **kw)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(sft, "forward_logprobs", spying)
+    bf16 = build_tiny(suite, **kwargs, warm_start={**ws, "precision": "bf16-mixed"})
+    assert head_dtypes == {torch.bfloat16}  # every SFT forward ran under bf16 autocast
+    assert bf16.source != float32.source  # another policy, another cache entry
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
+    assert any(not torch.equal(a, b) for a, b in zip(bf16.model.parameters(), float32.model.parameters()))
+    # auto: the bf16 build where the CPU has native bf16, the float32 one elsewhere (both cached by now)
+    for flags, expected in (({"avx512_bf16"}, bf16.source), ({"avx2"}, float32.source)):
+        monkeypatch.setattr(progpo.hardware, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert build_tiny(suite, **kwargs, warm_start={**ws, "precision": "auto"}).source == expected
+
+
 def _build_in_process(root: str, out: multiprocessing.Queue) -> None:
     import os
 
@@ -157,7 +187,8 @@ def test_make_reference_is_a_frozen_copy(tiny_policy):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"n_episodes": -1}, {"lr": 0.0}, {"action_noise": 1.0}, {"batch_size": 0}, {"epochs": -1}]
+    "kwargs", [{"n_episodes": -1}, {"lr": 0.0}, {"action_noise": 1.0}, {"batch_size": 0}, {"epochs": -1},
+               {"precision": "fp8"}]
 )
 def test_warm_start_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError, match=r"warm_start\."):
