@@ -2,13 +2,12 @@
 
 Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), then for float32 and for bf16
 autocast plays one iteration's tasks and times each phase: rollout, scoring (the recomputing path, actor + reference
-passes, against the reusing one, reference only), credit and the PPO update (from the same weights each time).
-The update is
-timed twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
-forward (the update before that sharing). Each phase's useful FLOPs (no padding, causal attention, KV-cache decoding
-counted once) are set against this machine's matmul peak measured in the same run, so the numbers mean something on a
-shared machine too; old (float32, recompute, unshared update) against new (the chosen precision, reuse, shared update)
-is printed as a ratio.
+passes, against the reusing one, reference only), credit and the PPO update (from the same weights each time). The
+update is timed twice from the same weights: the iteration's own (identical turns share one forward) and each step
+with its own forward (the update before that sharing). Each phase's useful FLOPs (no padding, causal attention,
+KV-cache decoding counted once) are set against this machine's matmul peak measured in the same run, so the numbers
+mean something on a shared machine too; old (float32, recompute, unshared update) against new (the chosen precision,
+reuse, shared update) is printed as a ratio.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 from progpo.algo.ppo import minibatch_plan, ppo_update, updated_steps
-from progpo.algo.scoring import first_of_each, reference_logprobs, score_turns
+from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.types import RolloutBatch, Turn
 
@@ -129,7 +128,7 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
                                                optimizer_factory)
     actor.load_state_dict(weights)
     rl.engine.sync_weights(actor)  # an engine with its own copy (vLLM) must not keep the measured update
-    representative = first_of_each(turns)
+    representative = recomputed.representative
     unique = sorted(set(representative))
     unique_trained = sorted({representative[i] for i in trained})
     diffs = [(torch.tensor(t.sample_logprobs) - old).abs() for t, old in zip(turns, recomputed.old_logprobs)
@@ -141,20 +140,17 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
         score_recompute_flops=(2 if rl.reference is not None else 1) * sum(turn_flops(shape, turns[i]) for i in unique),
         score_reuse_flops=sum(turn_flops(shape, turns[i]) for i in unique_trained) if rl.reference is not None else 0.0,
         update_flops=3.0 * rl.ppo.epochs * sum(turn_flops(shape, turns[i]) for i in trained),
-        update_shared_flops=3.0 * sum(turn_flops(shape, turns[i]) for i in _shared_update_rows(rl, turns, trained)),
+        update_shared_flops=3.0 * sum(turn_flops(shape, turns[i])
+                                      for i in _shared_update_rows(rl, turns, trained, representative)),
         logprob_diff_mean=float(torch.cat(diffs).mean()) if diffs else 0.0,
     )
 
 
-def _shared_update_rows(rl, turns: list[Turn], trained: list[int]) -> list[int]:
+def _shared_update_rows(rl, turns: list[Turn], trained: list[int], representative: list[int]) -> list[int]:
     """The turns the shared update runs through the model, over all epochs: one per distinct turn per micro-batch."""
-    representative = first_of_each(turns)
-    rows = []
-    for minibatch in minibatch_plan(turns, trained, rl.ppo, rl.seed, 0):
-        size = rl.ppo.micro_batch_size
-        for start in range(0, len(minibatch.steps), size):
-            rows.extend(dict.fromkeys(representative[i] for i in minibatch.steps[start : start + size]))
-    return rows
+    return [turn for minibatch in minibatch_plan(turns, trained, rl.ppo, rl.seed, 0)
+            for chunk in minibatch.chunks(rl.ppo.micro_batch_size)
+            for turn in dict.fromkeys(representative[i] for i in chunk)]
 
 
 def _unshared_update_s(rl, turns: list[Turn], advantages: torch.Tensor, trained: list[int], weights: dict,

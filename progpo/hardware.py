@@ -58,3 +58,8 @@ def auto_precision(uses_cuda: bool) -> str:
 
         return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
     return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
+
+
+def resolve_precision(requested: str, uses_cuda: bool) -> str:
+    """``requested`` as it is, or :func:`auto_precision` for ``"auto"`` (``trainer.precision``, ``warm_start.precision``)."""
+    return auto_precision(uses_cuda) if requested == "auto" else requested

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, open_dict
 
 from progpo import dist
 from progpo.config import ConfigError, RunConfig, preflight_model, validate_config
-from progpo.hardware import auto_precision, cpu_has_fast_bf16, machine_label
+from progpo.hardware import cpu_has_fast_bf16, machine_label, resolve_precision
 from progpo.runs import (
     check_world_size,
     default_run_name,
@@ -90,7 +90,7 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     if typed.trainer.uses_cuda and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
     if typed.trainer.precision == "auto":
-        typed.trainer.precision = auto_precision(typed.trainer.uses_cuda)
+        typed.trainer.precision = resolve_precision("auto", typed.trainer.uses_cuda)
         log.info("trainer.precision=auto: %s on this machine (%s)", typed.trainer.precision, machine_label())
     if typed.trainer.precision.startswith("bf16") and not typed.trainer.uses_cuda and cpu_has_fast_bf16() is False:
         log.warning("trainer.precision=%s on a CPU without AMX-BF16 or AVX512-BF16: bf16 matmuls are emulated here "

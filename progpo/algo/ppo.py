@@ -67,6 +67,11 @@ class Minibatch:
     tokens: int
     micro_batches: int
 
+    def chunks(self, size: int) -> list[list[int]]:
+        """This rank's steps, ``size`` at a time, then empty chunks up to ``micro_batches``."""
+        chunks = [self.steps[s : s + size] for s in range(0, len(self.steps), size)]
+        return chunks + [[] for _ in range(self.micro_batches - len(chunks))]
+
 
 def minibatch_plan(turns: list[Turn], trainable: list[int], cfg: PPOConfig, seed: int, iteration: int) -> list[Minibatch]:
     """The minibatches of every epoch, the same on any number of ranks.
@@ -141,9 +146,7 @@ def ppo_update(
     sums = dict.fromkeys(LOSS_METRICS, 0.0)
     for minibatch in plan:
         optimizer.zero_grad(set_to_none=True)
-        steps = minibatch.steps
-        chunks = [steps[s : s + cfg.micro_batch_size] for s in range(0, len(steps), cfg.micro_batch_size)]
-        chunks += [[] for _ in range(minibatch.micro_batches - len(chunks))]
+        chunks = minibatch.chunks(cfg.micro_batch_size)
         for k, idx in enumerate(chunks):
             with no_sync() if k < len(chunks) - 1 else nullcontext():
                 if not idx:  # this rank has no more steps in the minibatch: take part in the reduction with 0

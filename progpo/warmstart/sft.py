@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from progpo.config.groups import WarmStartConfig
-from progpo.hardware import auto_precision
+from progpo.hardware import resolve_precision
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.rollout.prompt import PromptBuilder
 from progpo.warmstart.demos import DemoStep, response_text
@@ -75,7 +75,7 @@ def supervised_finetune(
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     # bf16 autocast for the forward (the weights, AdamW's state and the loss stay float32)
-    precision = cfg.precision if cfg.precision != "auto" else auto_precision(uses_cuda=device.type == "cuda")
+    precision = resolve_precision(cfg.precision, uses_cuda=device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
     model.train()
     step, started, first_loss, last_loss = 0, time.perf_counter(), float("nan"), float("nan")

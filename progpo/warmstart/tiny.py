@@ -20,7 +20,7 @@ import transformers
 
 from envs.base import EnvSuite, tasks_fingerprint
 from progpo.config.groups import WarmStartConfig
-from progpo.hardware import auto_precision
+from progpo.hardware import resolve_precision
 from progpo.models.cache import cached_build
 from progpo.models.tiny import check_reload, count_parameters, load_tiny, tiny_qwen2, train_tokenizer
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS
@@ -101,7 +101,7 @@ def build_tiny(
         "env": {"name": suite.name, "train_tasks": tasks_fingerprint(used_tasks), "max_steps": suite.max_steps},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    sft_precision = ws.precision if ws.precision != "auto" else auto_precision(uses_cuda=device.startswith("cuda"))
+    sft_precision = resolve_precision(ws.precision, uses_cuda=device.startswith("cuda"))
     ws = replace(ws, precision=sft_precision)
     if sft_precision != "32-true":
         params["sft_precision"] = sft_precision
