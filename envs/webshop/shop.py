@@ -4,8 +4,9 @@ Pages and buttons follow WebShop's text mode (``observation_mode="text"``, the t
 search page -> results (``Page 1 (Total results: 50)``, 10 per page, ``< Prev``/``Next >``, ``Back to Search``)
 -> item page (options, ``Description``/``Features``/``Reviews``, ``Buy Now``) -> sub-pages (``< Prev``).
 Observations are the page's visible texts joined by `` [SEP] ``, like WebShop's ``convert_html_to_text``.
-Reward: ``SUCCESS_REWARD`` when the purchase scores exactly 1.0, else 0; invalid actions cost
-``invalid_penalty`` and leave the page unchanged. WebShop's score is ``StepInfo.extra["task_score"]``.
+Reward (``reward="success"``, the paper's and verl-agent's): ``SUCCESS_REWARD`` when the purchase scores exactly 1.0,
+else 0; ``reward="score"``: ``SUCCESS_REWARD`` x the purchase score (WebShop's own reward, on the same scale). Invalid
+actions cost ``invalid_penalty`` and leave the page unchanged. WebShop's score is ``StepInfo.extra["task_score"]``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ PREV_PAGE = "< Prev"
 BACK_TO_SEARCH = "Back to Search"
 SUB_PAGES = ("Description", "Features", "Reviews")
 SEP = " [SEP] "
+REWARD_MODES = ("success", "score")
 
 _GOAL_KEYS = ("asin", "category", "query", "name", "product_category", "instruction_text", "attributes",
               "price_upper", "goal_options")  # fmt: skip
@@ -42,6 +44,9 @@ class WebShopEnvFactory:
     invalid_penalty: reward subtracted for an action that is not admissible on the page.
     results_per_page: results shown per page (WebShop: 10).
     search_return_n: hits a search returns (WebShop: 50).
+    reward: ``"success"`` pays ``SUCCESS_REWARD`` only for a purchase scoring exactly 1.0 (paper); ``"score"`` pays
+        ``SUCCESS_REWARD`` x the purchase score, so a near miss earns more than a wrong product (a denser signal for
+        a weak policy whose groups would otherwise all fail alike). Success is ``score == 1.0`` in both.
     """
 
     n_products: int = 3000
@@ -50,8 +55,14 @@ class WebShopEnvFactory:
     invalid_penalty: float = 0.1
     results_per_page: int = 10
     search_return_n: int = SEARCH_RETURN_N
+    reward: str = "success"
 
     def __post_init__(self) -> None:
+        if self.reward not in REWARD_MODES:
+            raise ValueError(
+                f"WebShop env: reward must be one of {REWARD_MODES} (success: 10 for a purchase scoring 1.0, as the "
+                f"paper; score: 10 x the purchase score), got {self.reward!r}"
+            )
         for name in ("n_products", "max_steps", "results_per_page", "search_return_n"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"WebShop env: {name} must be >= 1, got {getattr(self, name)}")
@@ -122,7 +133,7 @@ class WebShopEnv:
         else:
             self._apply(canonical)
             valid = True
-            reward = SUCCESS_REWARD if self._won else 0.0
+            reward = self._purchase_reward()
         truncated = self._score is None and self._steps >= self.config.max_steps
         self._done = self._score is not None or truncated
         extra: dict[str, Any] = {"task_score": self._task_score, "page": self._page, "truncated": truncated}
@@ -144,6 +155,11 @@ class WebShopEnv:
     @property
     def instruction_text(self) -> str:
         return self._goal["instruction_text"] if self._goal else ""
+
+    def _purchase_reward(self) -> float:
+        if self.config.reward == "score":
+            return SUCCESS_REWARD * self._task_score
+        return SUCCESS_REWARD if self._won else 0.0
 
     @property
     def _won(self) -> bool:

@@ -17,6 +17,7 @@ def make_suite(
     invalid_penalty: float = 0.1,
     results_per_page: int = 10,
     search_return_n: int = SEARCH_RETURN_N,
+    reward: str = "success",
 ) -> EnvSuite:
     """Build the offline shop: catalogue and goals from ``seed``; goals ``0..n_eval-1`` are held out.
 
@@ -34,6 +35,7 @@ def make_suite(
         invalid_penalty=invalid_penalty,
         results_per_page=results_per_page,
         search_return_n=search_return_n,
+        reward=reward,
     )
     goals = generate_goals(load_products(n_products, seed), n_eval + n_train, seed)
     tasks = [
