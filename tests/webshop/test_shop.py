@@ -90,6 +90,8 @@ def test_bad_inputs_raise_clear_errors(env):
         WebShopEnvFactory(invalid_penalty=-1)
     with pytest.raises(ValueError, match="results_per_page"):
         WebShopEnvFactory(results_per_page=0)
+    with pytest.raises(ValueError, match="reward must be one of"):
+        WebShopEnvFactory(reward="dense")
 
 
 # ------------------------------------------------------------------------------------------------ page flow
@@ -243,6 +245,27 @@ def test_wrong_option_costs_one_option_match(env):
     # not choosing an option at all scores the same as choosing a wrong one
     _, _, info = _buy(env, goal, {k: v for k, v in goal["goal_options"].items() if k != name})
     assert info.extra["task_score"] == pytest.approx(expected)
+
+
+def test_score_reward_pays_the_purchase_score_and_success_stays_score_one(env):
+    """reward="score": 10 x the score on the buying step (near miss > 0), success still only at 1.0."""
+    score_env = replace(env.config, reward="score")()
+    goal = _goal_with_options(env)
+    name = sorted(goal["goal_options"])[0]
+    wrong = next(v for v in _product(env, goal["asin"])["options"][name] if v != goal["goal_options"][name])
+    reward, done, info = _buy(score_env, goal, {**goal["goal_options"], name: wrong})
+    assert 0.0 < info.extra["task_score"] < 1.0 and not info.won and done
+    assert reward == pytest.approx(SUCCESS_REWARD * info.extra["task_score"])
+    paper_reward, _, paper_info = _buy(env, goal, {**goal["goal_options"], name: wrong})
+    assert paper_reward == 0.0 and paper_info.extra["task_score"] == info.extra["task_score"]
+    reward, _, info = _buy(score_env, goal, goal["goal_options"])
+    assert (reward, info.won) == (SUCCESS_REWARD, True)
+    # steps before the purchase pay nothing; an invalid action still costs the penalty
+    score_env.reset(_task_with_goal(goal))
+    _, reward, _, info = score_env.step("click[nothing here]")
+    assert (reward, info.valid) == (-score_env.config.invalid_penalty, False)
+    _, reward, _, info = score_env.step(f"search[{goal['query']}]")
+    assert (reward, info.valid) == (0.0, True)
 
 
 def test_missing_attribute_costs_one_attribute_match(env):
