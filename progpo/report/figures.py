@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from progpo.report.records import CREDIT_KEYS, RunRecord, _sort_key
+from progpo.report.records import CREDIT_KEYS, SCORE_KEYS, RunRecord, _sort_key
 
 # The paper's colours (Figure 4): ProGPO red, HGPO orange, GiGPO green, GRPO blue.
 METHOD_COLOURS = {"progpo": "tab:red", "hgpo": "tab:orange", "gigpo": "tab:green", "grpo": "tab:blue"}
@@ -91,27 +91,35 @@ def _plot_smoothed(ax: Any, curve: SeedCurve, label: str, colour: str | None) ->
 
 
 def success_figure(records: Sequence[RunRecord], env: str):
-    """Figure 4: training success (EMA when dense) and held-out success (never smoothed) vs iteration per method."""
+    """Figure 4: training success (EMA when dense) and held-out success (never smoothed) vs iteration per method.
+
+    Runs that log a purchase score (WebShop's ``train/score``, ``val/score``) get a second row, drawn the same way:
+    the paper reports WebShop's score beside its success.
+    """
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    metrics = ["success"] + (["score"] if any(k in r.history for r in records for k in SCORE_KEYS) else [])
+    fig, grid = plt.subplots(len(metrics), 2, figsize=(11, 4 * len(metrics)), sharey="row", squeeze=False)
     labels = sorted({r.label for r in records}, key=_sort_key)
-    for ax, key, title in zip(axes, ("train/success", "val/success"), ("training success", "held-out success")):
-        for label in labels:
-            curve = seed_curve([r for r in records if r.label == label], key)
-            if not curve.steps:
-                continue
-            if key == "train/success" and is_dense(curve.steps):
-                _plot_smoothed(ax, curve, label, _colour(label))
-            else:
-                _plot_points(ax, curve, label, _colour(label))
-        ax.set_title(f"{env}: {title}")
-        ax.set_xlabel("RL iteration")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("success rate")
-    axes[0].set_ylim(-0.02, 1.02)
-    axes[1 if axes[1].has_data() else 0].legend(loc="lower right", fontsize=8)  # held-out may be missing
-    fig.suptitle(f"Success vs iteration, mean over seeds. Training: raw (light) and EMA decay {EMA_DECAY} (dark) "
+    for row, metric in zip(grid, metrics):
+        for ax, split, title in zip(row, ("train", "val"), ("training", "held-out")):
+            key = f"{split}/{metric}"
+            for label in labels:
+                curve = seed_curve([r for r in records if r.label == label], key)
+                if not curve.steps:
+                    continue
+                if split == "train" and is_dense(curve.steps):
+                    _plot_smoothed(ax, curve, label, _colour(label))
+                else:
+                    _plot_points(ax, curve, label, _colour(label))
+            ax.set_title(f"{env}: {title} {metric}")
+            ax.set_xlabel("RL iteration")
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel("success rate" if metric == "success" else "purchase score")
+        row[0].set_ylim(-0.02, 1.02)
+        row[1 if row[1].has_data() else 0].legend(loc="lower right", fontsize=8)  # held-out may be missing
+    fig.suptitle(f"{' and '.join(m.capitalize() if i == 0 else m for i, m in enumerate(metrics))} vs iteration, "
+                 f"mean over seeds. Training: raw (light) and EMA decay {EMA_DECAY} (dark) "
                  f"when >= {DENSE_MIN_POINTS} points, band {SPREAD}.\nHeld-out: each evaluation as measured "
                  f"(not smoothed), error bars {SPREAD}.", fontsize=9)
     fig.tight_layout()

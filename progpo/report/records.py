@@ -17,7 +17,8 @@ log = logging.getLogger(__package__)
 METHOD_ORDER = ("grpo", "gigpo", "hgpo", "progpo")
 ABLATION_ORDER = ("plain", "semantic", "fusion", "full")
 CREDIT_KEYS = DIAGNOSTIC_STATS
-CURVE_KEYS = ("train/success", "val/success", *(f"credit/{k}" for k in CREDIT_KEYS))
+SCORE_KEYS = ("train/score", "val/score")  # WebShop's purchase score, logged beside success
+CURVE_KEYS = ("train/success", "val/success", *SCORE_KEYS, *(f"credit/{k}" for k in CREDIT_KEYS))
 
 
 @dataclass

@@ -129,6 +129,23 @@ def test_sparse_training_curve_is_not_smoothed(figure):
     assert all(not any(math.isclose(y, smoothed) for y in line.get_ydata()) for line in ax.get_lines())
 
 
+def test_score_row_appears_for_runs_that_log_a_purchase_score(figure):
+    """WebShop runs log train/score and val/score: a second row draws them like success (held-out raw)."""
+    scores = ([(0, 0.30), (4, 0.45), (8, 0.52)], [(0, 0.35), (4, 0.40), (8, 0.61)])
+    records = [_record(i, {"val/success": VAL_SEEDS[i], "val/score": scores[i], "train/score": _dense(i)})
+               for i in range(2)]
+    fig = figure(success_figure(records, "webshop"))
+    assert len(fig.axes) == 4 and fig.axes[3].get_title() == "webshop: held-out score"
+    held_out = _errorbar(fig.axes[3], "progpo").lines[0]
+    assert list(held_out.get_xdata()) == [0, 4, 8] and list(held_out.get_ydata()) == _means(*scores)
+    assert list(_line(fig.axes[2], "progpo").get_ydata()) == pytest.approx(ema(_means(_dense(0), _dense(1))))
+    assert fig._suptitle.get_text().startswith("Success and score vs iteration")
+    # the success row is unchanged by the score row
+    assert list(_errorbar(fig.axes[1], "progpo").lines[0].get_ydata()) == _means(*VAL_SEEDS)
+    # runs without a score keep the one-row figure
+    assert len(figure(success_figure([_record(0, {"val/success": VAL_SEEDS[0]})], "alfworld")).axes) == 2
+
+
 def test_credit_figure_smooths_only_dense_curves(figure):
     dense = [(it, 0.5 + 0.1 * (it % 2)) for it in range(1, 13)]
     sparse = [(1, 0.1), (2, 0.9)]
