@@ -6,14 +6,16 @@ in the experiment (tag ``progpo.kind=report``; re-running the report overwrites 
 - ``table1_success.md/.csv``: final held-out success per method, per task type (Table 1): mean ± sample std over
   seeds [95% t-interval of the mean over seeds]; the CSV has ``mean``, ``std``, ``ci95`` (half-width) and ``n``;
 - ``table1_seeds.md/.csv``: every run's held-out success at its first and last evaluation and the change (the
-  paired view: each seed's first evaluation samples its own episodes);
+  paired view: each seed's first evaluation samples its own episodes); ``table1_seeds_score.md/.csv`` the same for
+  WebShop's purchase score (``val/score``) when runs log it;
 - ``table2_credit.md/.csv``: mean over iterations of the ``credit/*`` diagnostics per method (Table 2);
 - ``table3_ablation.md/.csv``: final training success per ablation variant, when runs carry an ``ablation`` tag
   (Table 3: measured on training rollouts, like the paper; an untagged ProGPO run counts as the variant its credit
   config is, ``full`` at the paper defaults);
 - ``fig4_success_<env>.png``: success vs iteration per method, mean over seeds (Figure 4): held-out success as
   measured at each evaluation with ±1 std error bars over seeds; training success raw (light) and EMA-smoothed
-  (decay 0.95, dark) with a ±1 std band when dense (``DENSE_MIN_POINTS`` points or more), else like held-out;
+  (decay 0.95, dark) with a ±1 std band when dense (``DENSE_MIN_POINTS`` points or more), else like held-out; a
+  second row draws the purchase score the same way when runs log one (WebShop);
 - ``fig5_credit_<env>.png``: ``credit/*`` shares vs iteration per method, EMA-smoothed when dense (raw
   transition-only faint), raw with markers otherwise (Figure 5);
 - ``fig4_ablation_<env>.png``, ``fig5_ablation_<env>.png``: the same for the ablation variants, when the experiment

@@ -108,16 +108,27 @@ def _write_tables(specs: Sequence[TableSpec], out_dir: Path, sections: list[str]
     return tables
 
 
+SEED_TABLES = (  # (metric, file stem, title, in percent)
+    ("val/success", "table1_seeds", "Table 1, per seed: held-out success at the first and last evaluation", True),
+    ("val/score", "table1_seeds_score", "Table 1, per seed: held-out purchase score at the first and last evaluation",
+     False),  # WebShop's score, beside its success as the paper reports it
+)
+
+
 def _write_seed_table(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:
-    """``table1_seeds.md/.csv``: every run's held-out success at its first and last evaluation, and the change."""
-    rows = seed_rows(records)
-    if not rows:
-        return []
-    markdown = seed_markdown("Table 1, per seed: held-out success at the first and last evaluation", rows)
-    (out_dir / "table1_seeds.md").write_text(markdown)
-    seed_csv(out_dir / "table1_seeds.csv", rows)
-    sections.append(markdown)
-    return [out_dir / "table1_seeds.md", out_dir / "table1_seeds.csv"]
+    """``table1_seeds.md/.csv``: every run's held-out success at its first and last evaluation, and the change (and
+    ``table1_seeds_score`` the same for runs that log a purchase score)."""
+    written: list[Path] = []
+    for key, stem, title, percent in SEED_TABLES:
+        rows = seed_rows(records, key)
+        if not rows:
+            continue
+        markdown = seed_markdown(title, rows, percent)
+        (out_dir / f"{stem}.md").write_text(markdown)
+        seed_csv(out_dir / f"{stem}.csv", rows)
+        sections.append(markdown)
+        written += [out_dir / f"{stem}.md", out_dir / f"{stem}.csv"]
+    return written
 
 
 def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:

@@ -129,12 +129,14 @@ def seed_rows(records: Sequence[RunRecord], key: str = "val/success") -> list[Se
     return rows
 
 
-def seed_markdown(title: str, rows: Sequence[SeedRow]) -> str:
-    """``seed_rows`` as a Markdown table (percent, and the iteration each value was measured at)."""
-    lines = [f"### {title}", "", "In percent; `it` = iterations done when it was measured.", "",
-             "| env | method | seed | start | end | change (pts) |", "|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {r.env} | {r.method} | {r.seed} | {100 * r.start:.1f} (it {r.start_step}) | "
-              f"{100 * r.end:.1f} (it {r.end_step}) | {100 * r.change:+.1f} |" for r in rows]
+def seed_markdown(title: str, rows: Sequence[SeedRow], percent: bool = True) -> str:
+    """``seed_rows`` as a Markdown table (percent, or a score as it is, and the iteration each value was measured at)."""
+    unit, change = ("In percent", "change (pts)") if percent else ("Purchase score in [0, 1]", "change")
+    scale, digits = (100, 1) if percent else (1, 3)
+    lines = [f"### {title}", "", f"{unit}; `it` = iterations done when it was measured.", "",
+             f"| env | method | seed | start | end | {change} |", "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.env} | {r.method} | {r.seed} | {scale * r.start:.{digits}f} (it {r.start_step}) | "
+              f"{scale * r.end:.{digits}f} (it {r.end_step}) | {scale * r.change:+.{digits}f} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -125,6 +125,37 @@ def test_per_seed_table_pairs_each_runs_first_and_last_evaluation(store, tmp_pat
     assert float(progpo1["start"]) == 0.0 and float(progpo1["end"]) == pytest.approx(0.95)
     assert float(progpo1["change"]) == pytest.approx(0.95)
     assert "| alfworld | progpo | 1 | 0.0 (it 0) | 95.0 (it 6) | +95.0 |" in (tmp_path / "out" / "table1_seeds.md").read_text()
+    assert not (tmp_path / "out" / "table1_seeds_score.md").exists()  # these runs logged no score
+
+
+def test_webshop_runs_get_a_per_seed_score_table_and_a_score_row(tmp_path):
+    """Runs that log WebShop's purchase score: table1_seeds_score pairs each run's first and last held-out score."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("shop")
+    for seed, (start, end) in enumerate([(0.40, 0.52), (0.46, 0.41)]):
+        run = client.create_run(exp, tags={"method": "progpo", "env": "webshop", "seed": str(seed),
+                                           "progpo.kind": "train"})
+        metrics = [Metric("train/score", 0.3 + 0.01 * it, 0, it) for it in range(1, 9)]
+        metrics += [Metric("train/success", 0.02, 0, it) for it in range(1, 9)]
+        for it, score in ((0, start), (4, (start + end) / 2), (8, end)):
+            metrics += [Metric("val/score", score, 0, it), Metric("val/success", 0.01 * it, 0, it)]
+        client.log_batch(run.info.run_id, metrics=metrics)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    files = make_report("shop", tmp_path / "out", tracking_uri=uri, upload=False)
+    with (tmp_path / "out" / "table1_seeds_score.csv").open() as handle:
+        rows = {r["seed"]: r for r in csv.DictReader(handle)}
+    assert float(rows["0"]["start"]) == pytest.approx(0.40) and float(rows["0"]["end"]) == pytest.approx(0.52)
+    assert float(rows["1"]["change"]) == pytest.approx(-0.05)
+    markdown = (tmp_path / "out" / "table1_seeds_score.md").read_text()
+    assert "| webshop | progpo | 0 | 0.400 (it 0) | 0.520 (it 8) | +0.120 |" in markdown
+    assert "| webshop | progpo | 1 | 1.0 (it 0) |" not in markdown  # success stays in its own (percent) table
+    assert "| webshop | progpo | 1 | 0.0 (it 0) | 8.0 (it 8) | +8.0 |" in (tmp_path / "out" / "table1_seeds.md").read_text()
+    import matplotlib.image
+
+    assert [p.name for p in files.figures if "success" in p.name] == ["fig4_success_webshop.png"]
+    height, width, _ = matplotlib.image.imread(tmp_path / "out" / "fig4_success_webshop.png").shape
+    assert height > 0.7 * width  # two rows: success, then score
 
 
 def test_ablation_report_has_table3(store, tmp_path):
