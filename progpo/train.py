@@ -89,15 +89,15 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
 
     if typed.trainer.uses_cuda and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu but CUDA is not available; use trainer=cpu on this machine")
+    float32_sampler = _samples_in_float32(cfg, typed)
     if typed.trainer.precision == "auto":
-        typed.trainer.precision = resolve_precision(
-            "auto", typed.trainer.uses_cuda, float32_sampler=_vllm_on_cpu(cfg, typed))
+        typed.trainer.precision = resolve_precision("auto", typed.trainer.uses_cuda, float32_sampler)
         log.info("trainer.precision=auto: %s on this machine (%s)", typed.trainer.precision, machine_label())
     if typed.trainer.precision.startswith("bf16") and not typed.trainer.uses_cuda and cpu_has_fast_bf16() is False:
         log.warning("trainer.precision=%s on a CPU without AMX-BF16 or AVX512-BF16: bf16 matmuls are emulated here "
                     "and slower than float32 (python -m progpo.bench iteration measures both); trainer.precision=32-true "
                     "is faster on this machine", typed.trainer.precision)
-    if typed.trainer.precision.startswith("bf16") and _vllm_on_cpu(cfg, typed):
+    if typed.trainer.precision.startswith("bf16") and float32_sampler:
         log.warning("trainer.precision=%s with rollout=vllm on a CPU: vLLM samples in float32 here, so the trainer's "
                     "log-probs differ from the sampler's (~0.04 nats a token measured); trainer.precision=auto or "
                     "32-true scores the policy that sampled", typed.trainer.precision)
@@ -111,9 +111,13 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     return typed, run_dir, ckpt, run_id
 
 
-def _vllm_on_cpu(cfg: DictConfig, typed: RunConfig) -> bool:
-    """vLLM samples in the actor's weight dtype: float32 on a CPU (tiny, SmolLM2), whatever the trainer autocasts."""
-    return not typed.trainer.uses_cuda and str(cfg.rollout.engine.get("_target_", "")).endswith("VLLMEngine")
+def _samples_in_float32(cfg: DictConfig, typed: RunConfig) -> bool:
+    """Whether the engine samples in float32 whatever the trainer autocasts: an engine that declares it samples in
+    the actor's weight dtype (``samples_in_weight_dtype``, vLLM), on a CPU, where the actors' weights are float32."""
+    from hydra.utils import get_object
+
+    engine = get_object(cfg.rollout.engine._target_)  # validate_config has imported it already
+    return not typed.trainer.uses_cuda and getattr(engine, "samples_in_weight_dtype", False)
 
 
 def _build_rollout(cfg: DictConfig, typed: RunConfig, suite, policy) -> tuple[Any, Any]:

@@ -118,7 +118,7 @@ def success_figure(records: Sequence[RunRecord], env: str):
         row[0].set_ylabel("success rate" if metric == "success" else "purchase score")
         row[0].set_ylim(-0.02, 1.02)
         row[1 if row[1].has_data() else 0].legend(loc="lower right", fontsize=8)  # held-out may be missing
-    fig.suptitle(f"{' and '.join(m.capitalize() if i == 0 else m for i, m in enumerate(metrics))} vs iteration, "
+    fig.suptitle(f"{' and '.join(metrics).capitalize()} vs iteration, "
                  f"mean over seeds. Training: raw (light) and EMA decay {EMA_DECAY} (dark) "
                  f"when >= {DENSE_MIN_POINTS} points, band {SPREAD}.\nHeld-out: each evaluation as measured "
                  f"(not smoothed), error bars {SPREAD}.", fontsize=9)

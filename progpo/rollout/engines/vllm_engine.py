@@ -118,6 +118,10 @@ class VLLMEngine:
     top_p=1, top_k=0 they equal the HF engine's and ``forward_logprobs(..., temperature=T)``.
     """
 
+    # Samples in the actor's weight dtype, outside the trainer's autocast: beside a float32 actor (tiny, SmolLM2 on a
+    # CPU) a bf16-autocast trainer would score another policy, so trainer.precision=auto stays float32 there.
+    samples_in_weight_dtype = True
+
     def __init__(
         self,
         policy: Policy,
