@@ -153,6 +153,12 @@ class WebShopEnv:
         return {"has_search_bar": has_search_bar, "clickables": list(clickables)}
 
     @property
+    def page_kind(self) -> str:
+        """The page shown now: ``search``, ``results``, ``item``, ``sub`` (description/features/reviews) or
+        ``done`` (what ``warm_start.focus_pages`` names)."""
+        return self._page
+
+    @property
     def instruction_text(self) -> str:
         return self._goal["instruction_text"] if self._goal else ""
 

@@ -186,6 +186,11 @@ class WarmStartConfig:
     precision: ``32-true`` (float32), ``bf16-mixed`` (bf16 autocast; weights, optimizer state and loss in float32)
         or ``auto`` (bf16-mixed where the CPU or GPU has native bf16, as ``trainer.precision=auto``). A warm start
         built in bf16 is another policy, so it is cached under a key of its own.
+    focus_episodes: further expert episodes (no noise, on the training tasks after the first ``n_episodes``) whose
+        steps are labelled only on the pages ``focus_pages`` names: many more examples of a rare, decisive choice
+        (WebShop's option clicks on item pages: 1.5 per episode, ~15% of the labels) without labelling every long
+        page again. 0 = none. Needs an env whose expert reports its page (``page_kind``).
+    focus_pages: the page kinds ``focus_episodes`` label (WebShop: search, results, item, sub).
     """
 
     n_episodes: int = 200
@@ -198,8 +203,13 @@ class WarmStartConfig:
     invalid_noise: float = 0.1
     seed: int = 0
     precision: str = "32-true"
+    focus_episodes: int = 0
+    focus_pages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.focus_pages, str):
+            self.focus_pages = (self.focus_pages,)
+        self.focus_pages = tuple(str(p) for p in self.focus_pages)  # a Hydra ListConfig arrives here too
         self.check()
 
     def check(self) -> None:
@@ -219,6 +229,13 @@ class WarmStartConfig:
             raise ValueError(
                 "warm_start.invalid_noise must be in [0, 1) with action_noise + invalid_noise < 1, "
                 f"got {self.invalid_noise}"
+            )
+        if self.focus_episodes < 0:
+            raise ValueError(f"warm_start.focus_episodes must be >= 0, got {self.focus_episodes}")
+        if self.focus_episodes > 0 and not self.focus_pages:
+            raise ValueError(
+                "warm_start.focus_pages is empty but warm_start.focus_episodes > 0: name the page kinds to label, "
+                "e.g. warm_start.focus_pages=[item] (WebShop), or set warm_start.focus_episodes=0"
             )
 
 

@@ -4,7 +4,7 @@ Above ``models/`` and ``rollout/`` (it builds prompts as RL does and trains a mo
 """
 
 from progpo.config.groups import WarmStartConfig
-from progpo.warmstart.demos import DemoStats, DemoStep, collect_demos, response_text
+from progpo.warmstart.demos import DemoStats, DemoStep, collect_demos, collect_focus_demos, response_text
 from progpo.warmstart.sft import length_bucketed_batches, supervised_finetune
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "DemoStep",
     "WarmStartConfig",
     "collect_demos",
+    "collect_focus_demos",
     "length_bucketed_batches",
     "response_text",
     "supervised_finetune",

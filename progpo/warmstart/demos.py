@@ -2,7 +2,8 @@
 
 ``action_noise`` executes a random admissible action on some steps (the label stays the expert's) so that the
 demos also visit off-expert states; ``invalid_noise`` executes a stale command, the state a sampling policy most
-often gets itself into.
+often gets itself into. ``focus_episodes`` add clean expert episodes labelled only on some pages (a rare decision,
+such as WebShop's option clicks, gets many more examples without relabelling every long page).
 """
 
 from __future__ import annotations
@@ -89,9 +90,39 @@ def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep]
     return demos, stats
 
 
+def collect_focus_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep], DemoStats]:
+    """``cfg.focus_episodes`` clean expert episodes on the training tasks after the first ``cfg.n_episodes``
+    (cycling), labelled only where the env's ``page_kind`` is one of ``cfg.focus_pages``."""
+    stats = DemoStats()
+    if cfg.focus_episodes == 0:
+        return [], stats
+    if not suite.train_tasks:
+        raise ValueError(f"suite {suite.name!r} has no train_tasks to collect focus demos from")
+    clean = WarmStartConfig(**{**vars(cfg), "action_noise": 0.0, "invalid_noise": 0.0})
+    rng = random.Random(cfg.seed)
+    demos: list[DemoStep] = []
+    env = suite.env_factory()
+    try:
+        if not hasattr(env, "page_kind"):
+            raise TypeError(
+                f"warm_start.focus_episodes needs an env that reports its page (page_kind); {type(env).__name__} "
+                "does not: set warm_start.focus_episodes=0"
+            )
+        for k in tqdm(range(cfg.focus_episodes), desc="focus demos", leave=False, mininterval=5):
+            task = suite.train_tasks[(cfg.n_episodes + k) % len(suite.train_tasks)]
+            _play_episode(env, task, cfg.n_episodes + k, suite.max_steps, clean, rng, demos, stats,
+                          label_pages=frozenset(cfg.focus_pages))
+            stats.episodes += 1
+    finally:
+        env.close()
+    stats.steps = len(demos)
+    return demos, stats
+
+
 def _play_episode(env, task, episode: int, max_steps: int, cfg: WarmStartConfig, rng: random.Random,
-                  demos: list[DemoStep], stats: DemoStats) -> None:
-    """One expert episode: label every state with the expert's command, execute it or a noisy one."""
+                  demos: list[DemoStep], stats: DemoStats, label_pages: frozenset[str] | None = None) -> None:
+    """One expert episode: label every state (or those on ``label_pages``) with the expert's command, execute
+    it or a noisy one."""
     obs = env.reset(task)
     past: list[tuple[str, str]] = []
     seen: dict[str, None] = {}  # commands admissible earlier in the episode (ordered, no duplicates)
@@ -103,7 +134,7 @@ def _play_episode(env, task, episode: int, max_steps: int, cfg: WarmStartConfig,
         if label is None:
             stats.skipped_inadmissible += 1
             label = expert
-        else:
+        elif label_pages is None or env.page_kind in label_pages:
             demos.append(DemoStep(obs.task_description, obs.text, tuple(obs.admissible_actions), tuple(past),
                                   label, episode))
         action = _executed_action(label, obs.admissible_actions, seen, cfg, rng, stats, obs.task_description)

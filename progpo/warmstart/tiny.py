@@ -26,13 +26,15 @@ from progpo.models.tiny import check_reload, count_parameters, load_tiny, tiny_q
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS
 from progpo.rollout.prompt import PROMPT_STYLES, PromptBuilder
 from progpo.types import Policy
-from progpo.warmstart.demos import DemoStep, collect_demos, response_text
+from progpo.warmstart.demos import DemoStep, collect_demos, collect_focus_demos, response_text
 from progpo.warmstart.sft import supervised_finetune
 
 log = logging.getLogger(__name__)
 
 BUILD_VERSION = 4  # bump when the build procedure changes, so old cache entries are not re-used
 MIN_TOKENIZER_EPISODES = 16  # demos gathered for the tokenizer corpus even without a warm start
+# warm_start keys added after builds were cached, with their defaults: left out of the cache key at the default
+_LATER_WARM_START_DEFAULTS: dict[str, Any] = {"focus_episodes": 0, "focus_pages": ()}
 
 
 def _corpus(demos: list[DemoStep], history: int, prompt_style: str = "compact") -> list[str]:
@@ -96,8 +98,7 @@ def build_tiny(
         "max_new_tokens": max_new_tokens,
         "prompt_style": prompt_style,
         "seed": seed,
-        # the float32 default keeps the key builds had before warm_start.precision existed (their caches stay valid)
-        "warm_start": {k: v for k, v in vars(ws).items() if k != "precision"},
+        "warm_start": _warm_start_key(ws),
         "env": {"name": suite.name, "train_tasks": tasks_fingerprint(used_tasks), "max_steps": suite.max_steps},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
@@ -121,6 +122,14 @@ def build_tiny(
     return policy
 
 
+def _warm_start_key(ws: WarmStartConfig) -> dict[str, Any]:
+    """The warm start's part of the cache key. Precision is keyed apart (``sft_precision``, float32 builds keep the
+    key they had before it existed); keys added later are left out at their defaults, so builds cached before
+    them stay valid."""
+    return {k: v for k, v in vars(ws).items()
+            if k != "precision" and not (k in _LATER_WARM_START_DEFAULTS and v == _LATER_WARM_START_DEFAULTS[k])}
+
+
 def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str, int], demo_episodes: int,
                 history: int, max_new_tokens: int, prompt_style: str, seed: int, device: str) -> dict[str, Any]:
     """Demos -> tokenizer -> model -> warm start, saved into ``out``; returns the build summary."""
@@ -128,6 +137,7 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
     started = time.perf_counter()
     demos, stats = collect_demos(suite, WarmStartConfig(**{**vars(ws), "n_episodes": demo_episodes}))
     demos_for_sft = [d for d in demos if d.episode < ws.n_episodes]  # the rest only feed the tokenizer
+    focus, focus_stats = collect_focus_demos(suite, ws)
     demo_seconds = time.perf_counter() - started
     corpus = _corpus(demos, history, prompt_style)
     tokenizer = train_tokenizer(corpus, vocab_size, max_context)
@@ -143,7 +153,7 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
         d = demos[-1]
         sample.append(builder.build(d.task_description, d.observation, d.admissible, d.past).text)
     check_reload(tokenizer, out, sample)
-    sft = supervised_finetune(model, tokenizer, builder, demos_for_sft, ws)
+    sft = supervised_finetune(model, tokenizer, builder, demos_for_sft + focus, ws)
     model.to("cpu").save_pretrained(out)
     summary = {
         "parameters": count_parameters(model),
@@ -152,6 +162,9 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
         "demo_steps": stats.steps,
         "sft_episodes": ws.n_episodes,
         "sft_demo_steps": len(demos_for_sft),
+        "focus_episodes": focus_stats.episodes,
+        "focus_demo_steps": len(focus),
+        "focus_pages": list(ws.focus_pages),
         "demo_noisy_steps": stats.noisy_steps,
         "demo_invalid_steps": stats.invalid_steps,
         "demo_won": stats.won,
