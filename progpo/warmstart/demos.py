@@ -103,7 +103,7 @@ def collect_focus_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[Dem
     demos: list[DemoStep] = []
     env = suite.env_factory()
     try:
-        if not hasattr(env, "page_kind"):
+        if not hasattr(type(env), "page_kind"):
             raise TypeError(
                 f"warm_start.focus_episodes needs an env that reports its page (page_kind); {type(env).__name__} "
                 "does not: set warm_start.focus_episodes=0"
