@@ -7,7 +7,7 @@ all depend on it without depending on each other.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,9 @@ class Episode:
     n_invalid: int
     error: str | None = None
     score: float | None = None  # the env's task score at the end (WebShop's purchase score), None if it has none
+    # The env's own numbers for the episode (``StepInfo.extra["episode_metrics"]``, e.g. WebShop's purchase parts:
+    # which parts of a purchase missed is what tells why success is low)
+    env_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,8 +92,9 @@ class RolloutBatch:
 
 
 def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
-    """``<prefix>/success`` (and per task type), ``episode_length``, ``invalid_rate``, ``env_errors``, and ``score``
-    (mean task score, e.g. WebShop's) when the env reports one."""
+    """``<prefix>/success`` (and per task type), ``episode_length``, ``invalid_rate``, ``env_errors``, ``score``
+    (mean task score, e.g. WebShop's) when the env reports one, and each of the env's own episode metrics (mean over
+    the episodes that report it)."""
     if not episodes:
         return {}
     won = np.array([e.won for e in episodes], dtype=np.float64)
@@ -105,6 +109,8 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float
     scores = [e.score for e in episodes if e.score is not None]
     if scores:
         out[f"{prefix}/score"] = float(np.mean(scores))
+    for name in sorted({k for e in episodes for k in e.env_metrics}):  # each over the episodes that report it
+        out[f"{prefix}/{name}"] = float(np.mean([e.env_metrics[name] for e in episodes if name in e.env_metrics]))
     for task_type in sorted({e.task.task_type for e in episodes}):
         mask = np.array([e.task.task_type == task_type for e in episodes])
         out[f"{prefix}/success/{task_type}"] = float(won[mask].mean())

@@ -126,6 +126,7 @@ class _Playing:
         self.won = np.zeros(n, dtype=bool)
         self.errors: list[str | None] = [None] * n
         self.scores: list[float | None] = [None] * n  # the env's task score after the last step (WebShop)
+        self.env_metrics: list[dict[str, float]] = [{} for _ in range(n)]
         self.active: list[int] = list(range(n))
         self.turns: list[Turn] = []
 
@@ -140,6 +141,8 @@ class _Playing:
             self.errors[i] = str(info.extra["error"])
         if "task_score" in info.extra:
             self.scores[i] = float(info.extra["task_score"])
+        if info.extra.get("episode_metrics"):
+            self.env_metrics[i] = {k: float(v) for k, v in info.extra["episode_metrics"].items()}
         traj = self.first_traj + i
         self.turns.append(Turn(
             traj=traj,
@@ -166,6 +169,6 @@ class _Playing:
         return [
             Episode(traj=self.first_traj + i, group=(self.first_traj + i) // self.group_size, task=task,
                     won=bool(self.won[i]), length=int(self.steps[i]), n_invalid=int(self.invalid[i]),
-                    error=self.errors[i], score=self.scores[i])
+                    error=self.errors[i], score=self.scores[i], env_metrics=self.env_metrics[i])
             for i, task in enumerate(self.tasks)
         ]

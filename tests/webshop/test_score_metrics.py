@@ -37,3 +37,38 @@ def test_collected_episodes_carry_the_shops_score():
     result = (obs, 0.0, True, StepInfo(won=False, valid=True, extra={"task_score": 0.75}))
     state.record(0, Prompt("p", [1, 2], 0, False), gen, 0, "click[buy now]", result, max_steps=5)
     assert state.episodes()[0].score == 0.75
+
+
+def test_env_metrics_are_means_over_the_episodes_that_report_them():
+    eps = [_episode(i, False, 0.5) for i in range(3)]
+    eps[0].env_metrics = {"option_match": 1.0, "type_match": 1.0}
+    eps[1].env_metrics = {"option_match": 0.0, "type_match": 0.5}
+    eps[2].env_metrics = {"type_match": 0.0}  # a goal without options reports no option_match
+    metrics = episode_metrics(eps, "val")
+    assert metrics["val/option_match"] == 0.5 and metrics["val/type_match"] == 0.5
+    assert not any(k.endswith("_match") for k in episode_metrics([_episode(0, True, None)], "val"))
+
+
+def test_a_purchase_reports_its_parts_and_they_reach_the_episode():
+    """The shop's purchase parts (WebShop's verbose reward) reach ``Episode.env_metrics`` through the collector."""
+    from progpo.rollout.collector import _Playing
+    from progpo.rollout.engines.base import Generation
+    from progpo.rollout.prompt import Prompt
+
+    from .helpers import goto_item, suite
+
+    shop = suite()
+    env = shop.env_factory()
+    task = next(t for t in shop.train_tasks if t.payload["goal"]["goal_options"])
+    goal = task.payload["goal"]
+    first = env.reset(task)
+    goto_item(env, goal["asin"])  # the right product, no option clicked: options miss, the rest matches
+    result = env.step("click[buy now]")
+    parts = result[3].extra["episode_metrics"]
+    assert parts["option_match"] == 0.0 and parts["type_match"] == 1.0 and parts["attribute_match"] == 1.0
+    assert result[3].extra["purchase"]["r_option"] == parts["option_match"]
+    state = _Playing([task], [first], group_size=1)
+    gen = Generation(response_ids=[[1]], texts=["<action>click[buy now]</action>"], logprobs=[[-0.1]],
+                     allowed_token_ids=[None])
+    state.record(0, Prompt("p", [1, 2], 0, False), gen, 0, "click[buy now]", result, max_steps=5)
+    assert state.episodes()[0].env_metrics == parts
