@@ -186,11 +186,16 @@ class WarmStartConfig:
     precision: ``32-true`` (float32), ``bf16-mixed`` (bf16 autocast; weights, optimizer state and loss in float32)
         or ``auto`` (bf16-mixed where the CPU or GPU has native bf16, as ``trainer.precision=auto``). A warm start
         built in bf16 is another policy, so it is cached under a key of its own.
-    focus_episodes: further expert episodes (no noise, on the training tasks after the first ``n_episodes``) whose
-        steps are labelled only on the pages ``focus_pages`` names: many more examples of a rare, decisive choice
-        (WebShop's option clicks on item pages: 1.5 per episode, ~15% of the labels) without labelling every long
-        page again. 0 = none. Needs an env whose expert reports its page (``page_kind``).
-    focus_pages: the page kinds ``focus_episodes`` label (WebShop: search, results, item, sub).
+    focus_episodes: a second SFT stage, on top of the (cached) warm start above: clean expert episodes (no noise, on
+        the training tasks after the first ``n_episodes``) labelled only on the pages ``focus_pages`` names, mixed
+        with ``focus_replay_episodes`` ordinary demo episodes so the rest is not forgotten. It gives a rare,
+        decisive choice (WebShop's option clicks on item pages: 1.5 per episode, ~15% of the labels) many more
+        examples without labelling every long page again. 0 = no second stage. Needs an env whose expert reports its
+        page (``page_kind``).
+    focus_pages: the page kinds the focus episodes label (WebShop: search, results, item, sub).
+    focus_epochs, focus_lr: passes over the focus stage's data and its peak learning rate.
+    focus_replay_episodes: ordinary (noisy) demo episodes mixed into the focus stage (tasks from the first, other
+        noise draws).
     """
 
     n_episodes: int = 200
@@ -205,6 +210,9 @@ class WarmStartConfig:
     precision: str = "32-true"
     focus_episodes: int = 0
     focus_pages: tuple[str, ...] = ()
+    focus_epochs: int = 2
+    focus_lr: float = 5e-4
+    focus_replay_episodes: int = 100
 
     def __post_init__(self) -> None:
         if isinstance(self.focus_pages, str):
@@ -230,8 +238,11 @@ class WarmStartConfig:
                 "warm_start.invalid_noise must be in [0, 1) with action_noise + invalid_noise < 1, "
                 f"got {self.invalid_noise}"
             )
-        if self.focus_episodes < 0:
-            raise ValueError(f"warm_start.focus_episodes must be >= 0, got {self.focus_episodes}")
+        for name in ("focus_episodes", "focus_epochs", "focus_replay_episodes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"warm_start.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.focus_lr > 0:
+            raise ValueError(f"warm_start.focus_lr must be > 0, got {self.focus_lr}")
         if self.focus_episodes > 0 and not self.focus_pages:
             raise ValueError(
                 "warm_start.focus_pages is empty but warm_start.focus_episodes > 0: name the page kinds to label, "

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 BUILD_VERSION = 4  # bump when the build procedure changes, so old cache entries are not re-used
 MIN_TOKENIZER_EPISODES = 16  # demos gathered for the tokenizer corpus even without a warm start
 # warm_start keys added after builds were cached, with their defaults: left out of the cache key at the default
-_LATER_WARM_START_DEFAULTS: dict[str, Any] = {"focus_episodes": 0, "focus_pages": ()}
+_FOCUS_KEYS = ("focus_episodes", "focus_pages", "focus_epochs", "focus_lr", "focus_replay_episodes")
 
 
 def _corpus(demos: list[DemoStep], history: int, prompt_style: str = "compact") -> list[str]:
@@ -116,6 +116,13 @@ def build_tiny(
                            device)
 
     folder = cached_build("tiny", params, build)
+    if ws.focus_episodes > 0:  # the second stage, cached on top of the first
+        focus_params = {**params, "focus": {k: getattr(ws, k) for k in _FOCUS_KEYS}}
+
+        def build_focus(out: Path) -> dict[str, Any]:
+            return _focus_into(out, folder, suite, ws, history, max_new_tokens, prompt_style, max_context, device)
+
+        folder = cached_build("tiny", focus_params, build_focus)
     policy = load_tiny(folder, device=device, name=name, max_context=max_context)
     policy.prompt_style = prompt_style
     policy.constrain_to_admissible = constrain_to_admissible
@@ -123,11 +130,38 @@ def build_tiny(
 
 
 def _warm_start_key(ws: WarmStartConfig) -> dict[str, Any]:
-    """The warm start's part of the cache key. Precision is keyed apart (``sft_precision``, float32 builds keep the
-    key they had before it existed); keys added later are left out at their defaults, so builds cached before
-    them stay valid."""
-    return {k: v for k, v in vars(ws).items()
-            if k != "precision" and not (k in _LATER_WARM_START_DEFAULTS and v == _LATER_WARM_START_DEFAULTS[k])}
+    """The first stage's part of the cache key. Precision is keyed apart (``sft_precision``, float32 builds keep
+    the key they had before it existed); the focus stage is keyed on top (so it re-uses the first stage)."""
+    return {k: v for k, v in vars(ws).items() if k != "precision" and k not in _FOCUS_KEYS}
+
+
+def _focus_into(out: Path, base: Path, suite: EnvSuite, ws: WarmStartConfig, history: int, max_new_tokens: int,
+                prompt_style: str, max_context: int, device: str) -> dict[str, Any]:
+    """The focus stage: the first stage's model fine-tuned on focus demos + replayed ordinary demos, into ``out``."""
+    started = time.perf_counter()
+    policy = load_tiny(base, device=device, max_context=max_context)
+    focus, focus_stats = collect_focus_demos(suite, ws)
+    replay, _ = collect_demos(suite, replace(ws, n_episodes=ws.focus_replay_episodes, seed=ws.seed + 1))
+    builder = PromptBuilder(
+        policy.tokenizer, history=history, max_prompt_tokens=max_context - max_new_tokens, style=prompt_style
+    )
+    stage = replace(ws, epochs=ws.focus_epochs, lr=ws.focus_lr, max_steps=None)
+    sft = supervised_finetune(policy.model, policy.tokenizer, builder, focus + replay, stage)
+    policy.model.to("cpu").save_pretrained(out)
+    policy.tokenizer.save_pretrained(out)
+    check_reload(policy.tokenizer, out, [builder.build(d.task_description, d.observation, d.admissible, d.past).text
+                                         for d in focus[:: max(1, len(focus) // 50)]])
+    labels = [d.expert_action for d in focus]
+    summary = {
+        "base": base.name,
+        "focus_distinct_labels": len(set(labels)),
+        "focus_expert_won": focus_stats.won,
+        "replay_demo_steps": len(replay),
+        "build_seconds": time.perf_counter() - started,
+        **sft,
+    }
+    log.info("tiny model focus stage built: %s", summary)
+    return summary
 
 
 def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str, int], demo_episodes: int,
@@ -137,7 +171,6 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
     started = time.perf_counter()
     demos, stats = collect_demos(suite, WarmStartConfig(**{**vars(ws), "n_episodes": demo_episodes}))
     demos_for_sft = [d for d in demos if d.episode < ws.n_episodes]  # the rest only feed the tokenizer
-    focus, focus_stats = collect_focus_demos(suite, ws)
     demo_seconds = time.perf_counter() - started
     corpus = _corpus(demos, history, prompt_style)
     tokenizer = train_tokenizer(corpus, vocab_size, max_context)
@@ -153,7 +186,7 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
         d = demos[-1]
         sample.append(builder.build(d.task_description, d.observation, d.admissible, d.past).text)
     check_reload(tokenizer, out, sample)
-    sft = supervised_finetune(model, tokenizer, builder, demos_for_sft + focus, ws)
+    sft = supervised_finetune(model, tokenizer, builder, demos_for_sft, ws)
     model.to("cpu").save_pretrained(out)
     summary = {
         "parameters": count_parameters(model),
@@ -162,9 +195,6 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
         "demo_steps": stats.steps,
         "sft_episodes": ws.n_episodes,
         "sft_demo_steps": len(demos_for_sft),
-        "focus_episodes": focus_stats.episodes,
-        "focus_demo_steps": len(focus),
-        "focus_pages": list(ws.focus_pages),
         "demo_noisy_steps": stats.noisy_steps,
         "demo_invalid_steps": stats.invalid_steps,
         "demo_won": stats.won,

@@ -61,8 +61,8 @@ def test_env_webshop_picks_its_own_warm_start_and_the_command_line_still_wins():
     assert shop.env.reward == "success"  # the paper's reward unless asked
     assert laptop.env.reward == "score" and laptop.env.max_steps == 30
     assert (laptop.rollout.tasks_per_batch, laptop.rollout.group_size) == (8, 8)
-    assert (laptop.warm_start.n_episodes, laptop.warm_start.epochs, laptop.warm_start.seed) == (400, 2, 0)
-    assert laptop.warm_start.focus_episodes == 1200 and list(laptop.warm_start.focus_pages) == ["item"]
+    assert (laptop.warm_start.n_episodes, laptop.warm_start.epochs, laptop.warm_start.seed) == (400, 3, 0)
+    assert laptop.warm_start.focus_episodes == 1600 and list(laptop.warm_start.focus_pages) == ["item"]
     assert shop.warm_start.focus_episodes == 0 and alfworld.warm_start.focus_episodes == 0
-    # the experiment's focus episodes (tasks 400..1599) are training goals, none of them held out
+    # the experiment's focus episodes (tasks 400..1999) are training goals, none of them held out
     assert laptop.warm_start.n_episodes + laptop.warm_start.focus_episodes <= laptop.env.n_train

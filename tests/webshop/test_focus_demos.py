@@ -54,18 +54,20 @@ def test_option_labels_are_the_goal_options_the_instruction_names():
     assert named >= 0.8 * len(options)  # mostly the option the instruction names (a few match the product text)
 
 
-def test_zero_focus_episodes_collect_nothing_and_keep_the_old_cache_key():
+def test_zero_focus_episodes_collect_nothing_and_the_first_stage_key_ignores_the_focus_stage():
     demos, stats = collect_focus_demos(suite(), WarmStartConfig(n_episodes=4))
     assert demos == [] and stats.episodes == 0
-    key = _warm_start_key(WarmStartConfig(n_episodes=4, precision="bf16-mixed"))
-    assert not {"focus_episodes", "focus_pages", "precision"} & set(key)  # builds cached before stay valid
-    focused = _warm_start_key(WarmStartConfig(n_episodes=4, focus_episodes=2, focus_pages=["item"]))
-    assert focused["focus_episodes"] == 2 and focused["focus_pages"] == ("item",)
+    plain = _warm_start_key(WarmStartConfig(n_episodes=4, precision="bf16-mixed"))
+    assert not {"precision", "focus_episodes", "focus_pages"} & set(plain)  # builds cached before stay valid
+    focused = _warm_start_key(WarmStartConfig(n_episodes=4, focus_episodes=2, focus_pages=["item"], focus_lr=1e-4))
+    assert focused == plain  # the focus stage starts from the same (cached) first stage
 
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"focus_episodes": -1, "focus_pages": ("item",)}, "focus_episodes"), ({"focus_episodes": 3}, "focus_pages")],
+    [({"focus_episodes": -1, "focus_pages": ("item",)}, "focus_episodes"), ({"focus_episodes": 3}, "focus_pages"),
+     ({"focus_epochs": -1}, "focus_epochs"), ({"focus_lr": 0.0}, "focus_lr"),
+     ({"focus_replay_episodes": -2}, "focus_replay_episodes")],
 )
 def test_bad_focus_settings_are_refused_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"warm_start\.{field}"):
