@@ -154,6 +154,9 @@ def _focus_into(out: Path, base: Path, suite: EnvSuite, ws: WarmStartConfig, his
     labels = [d.expert_action for d in focus]
     summary = {
         "base": base.name,
+        "focus_episodes": focus_stats.episodes,
+        "focus_demo_steps": len(focus),
+        "focus_pages": list(ws.focus_pages),
         "focus_distinct_labels": len(set(labels)),
         "focus_expert_won": focus_stats.won,
         "replay_demo_steps": len(replay),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_env import TEST_SHAPE, fake_room_suite
+from toy_env import TEST_SHAPE, FakeRoomEnv, fake_room_suite
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from progpo.models.cache import COMPLETE, cached_build
@@ -250,3 +250,36 @@ def test_length_bucketed_batches_cover_every_row_once_with_similar_lengths():
     assert again == batches
     other = length_bucketed_batches(lengths, 32, torch.Generator().manual_seed(1), bucket_batches=8)
     assert other != batches
+
+
+class _PagedRoom(FakeRoomEnv):
+    """The toy room with pages: ``holding`` once the object is picked up, else ``looking`` (for focus demos)."""
+
+    @property
+    def page_kind(self) -> str:
+        return "holding" if self.holding else "looking"
+
+
+def test_focus_stage_is_cached_on_top_of_the_first_stage_and_trains_on_the_named_pages(caplog):
+    from dataclasses import replace as dc_replace
+
+    from progpo.warmstart.demos import collect_focus_demos
+
+    suite = dc_replace(fake_room_suite(n_train=24), env_factory=_PagedRoom)
+    ws = {"n_episodes": 8, "epochs": 1, "max_steps": 2}
+    kwargs = dict(**{**TEST_SHAPE, "max_context": 512}, seed=2)
+    first = build_tiny(suite, **kwargs, warm_start=ws)
+    focus_ws = {**ws, "focus_episodes": 6, "focus_pages": ["holding"], "focus_epochs": 1, "focus_replay_episodes": 2}
+    with caplog.at_level(logging.INFO, logger="progpo.models.cache"):
+        focused = build_tiny(suite, **kwargs, warm_start=focus_ws)
+    assert f"re-using cached tiny model from {first.source}" in caplog.text  # the first stage is not built again
+    assert focused.source != first.source
+    summary = json.loads((Path(focused.source) / "progpo-build.json").read_text())
+    assert summary["params"]["focus"]["focus_pages"] == ["holding"] and summary["summary"]["base"] == Path(first.source).name
+    expected, _ = collect_focus_demos(suite, WarmStartConfig(**focus_ws))
+    assert summary["summary"]["focus_demo_steps"] == len(expected) > 0
+    assert all(d.expert_action.startswith(("go to", "put")) for d in expected)  # only while holding the object
+    changed = [n for (n, a), (_, b) in zip(first.model.state_dict().items(), focused.model.state_dict().items())
+               if not torch.equal(a, b)]
+    assert changed  # the second stage trained the first stage's weights further
+    assert focused.tokenizer.get_vocab() == first.tokenizer.get_vocab()
