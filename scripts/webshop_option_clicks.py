@@ -1,0 +1,69 @@
+"""Where WebShop success is lost: the configured model's choice on the item page, along the expert's own path.
+
+    python scripts/webshop_option_clicks.py experiment=webshop_laptop [model/warm_start overrides...]
+
+Every held-out goal is played by the expert (no noise) up to the purchase; at each item-page step the model is asked
+(greedy, constrained to the admissible commands, with the prompt RL builds) and its command compared with the
+expert's: an option click (the option the goal names) or "Buy Now" once the options are set. Prints both accuracies.
+The model is built (or loaded from the cache) exactly as `python -m progpo.train` with the same overrides builds it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from progpo.rollout.projection import project_action
+from progpo.train import build
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def expert_item_page_prompts(run):
+    """(prompt ids, admissible, task text, expert command) at every item-page step of the expert's path."""
+    env = run.suite.env_factory()
+    builder = run.collector.prompt_builder
+    rows = []
+    for task in run.suite.eval_tasks:
+        obs, past = env.reset(task), []
+        for _ in range(run.suite.max_steps):
+            action = env.expert_action()
+            if action is None:
+                break
+            if env.page_kind == "item" and action != "click[< prev]":
+                prompt = builder.build(obs.task_description, obs.text, obs.admissible_actions, past)
+                rows.append((prompt.ids, obs.admissible_actions, obs.task_description, action))
+            past.append((obs.text, action))
+            obs, _, done, _ = env.step(action)
+            if done:
+                break
+    return rows
+
+
+def main(overrides: list[str]) -> None:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    cfg.logger = OmegaConf.create({"_target_": "progpo.train.no_logger"})  # a probe, not a run: nothing tracked
+    run = build(cfg)
+    try:
+        rows = expert_item_page_prompts(run)
+        gen = run.engine.generate([r[0] for r in rows], greedy=True, admissible=[r[1] for r in rows],
+                                  task_texts=[r[2] for r in rows])
+    finally:
+        run.collector.close()
+        run.engine.close()
+    tally = {"option": [0, 0], "buy now": [0, 0]}
+    for (_, admissible, _, expert), text in zip(rows, gen.texts):
+        kind = "buy now" if expert == "click[buy now]" else "option"
+        tally[kind][0] += 1
+        tally[kind][1] += project_action(text, admissible).action == expert
+    for kind, (n, hit) in tally.items():
+        print(f"{kind:8s} {hit}/{n} = {hit / max(n, 1):.0%} as the expert (greedy, expert's path, "
+              f"{len(run.suite.eval_tasks)} held-out goals)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
