@@ -112,12 +112,15 @@ SEED_TABLES = (  # (metric, file stem, title, in percent)
     ("val/success", "table1_seeds", "Table 1, per seed: held-out success at the first and last evaluation", True),
     ("val/score", "table1_seeds_score", "Table 1, per seed: held-out purchase score at the first and last evaluation",
      False),  # WebShop's score, beside its success as the paper reports it
+    ("val/option_match", "table1_seeds_options",
+     "Table 1, per seed: held-out option match (share of the goal's options the purchase got right) at the first and "
+     "last evaluation", False),  # WebShop: what success needs beyond the score's product type and attributes
 )
 
 
 def _write_seed_table(records: Sequence[RunRecord], out_dir: Path, sections: list[str]) -> list[Path]:
     """``table1_seeds.md/.csv``: every run's held-out success at its first and last evaluation, and the change (and
-    ``table1_seeds_score`` the same for runs that log a purchase score)."""
+    ``table1_seeds_score``/``table1_seeds_options`` the same for runs that log WebShop's score/option match)."""
     written: list[Path] = []
     for key, stem, title, percent in SEED_TABLES:
         rows = seed_rows(records, key)

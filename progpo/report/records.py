@@ -18,7 +18,8 @@ METHOD_ORDER = ("grpo", "gigpo", "hgpo", "progpo")
 ABLATION_ORDER = ("plain", "semantic", "fusion", "full")
 CREDIT_KEYS = DIAGNOSTIC_STATS
 SCORE_KEYS = ("train/score", "val/score")  # WebShop's purchase score, logged beside success
-CURVE_KEYS = ("train/success", "val/success", *SCORE_KEYS, *(f"credit/{k}" for k in CREDIT_KEYS))
+OPTION_KEYS = ("val/option_match",)  # WebShop: share of the goal's options a held-out purchase got right
+CURVE_KEYS = ("train/success", "val/success", *SCORE_KEYS, *OPTION_KEYS, *(f"credit/{k}" for k in CREDIT_KEYS))
 
 
 @dataclass

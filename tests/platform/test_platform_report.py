@@ -126,6 +126,7 @@ def test_per_seed_table_pairs_each_runs_first_and_last_evaluation(store, tmp_pat
     assert float(progpo1["change"]) == pytest.approx(0.95)
     assert "| alfworld | progpo | 1 | 0.0 (it 0) | 95.0 (it 6) | +95.0 |" in (tmp_path / "out" / "table1_seeds.md").read_text()
     assert not (tmp_path / "out" / "table1_seeds_score.md").exists()  # these runs logged no score
+    assert not (tmp_path / "out" / "table1_seeds_options.md").exists()
 
 
 def test_webshop_runs_get_a_per_seed_score_table_and_a_score_row(tmp_path):
@@ -139,7 +140,8 @@ def test_webshop_runs_get_a_per_seed_score_table_and_a_score_row(tmp_path):
         metrics = [Metric("train/score", 0.3 + 0.01 * it, 0, it) for it in range(1, 9)]
         metrics += [Metric("train/success", 0.02, 0, it) for it in range(1, 9)]
         for it, score in ((0, start), (4, (start + end) / 2), (8, end)):
-            metrics += [Metric("val/score", score, 0, it), Metric("val/success", 0.01 * it, 0, it)]
+            metrics += [Metric("val/score", score, 0, it), Metric("val/success", 0.01 * it, 0, it),
+                        Metric("val/option_match", 0.1 + 0.05 * it * (1 - seed), 0, it)]
         client.log_batch(run.info.run_id, metrics=metrics)
         client.set_terminated(run.info.run_id, "FINISHED")
     files = make_report("shop", tmp_path / "out", tracking_uri=uri, upload=False)
@@ -151,6 +153,9 @@ def test_webshop_runs_get_a_per_seed_score_table_and_a_score_row(tmp_path):
     assert "| webshop | progpo | 0 | 0.400 (it 0) | 0.520 (it 8) | +0.120 |" in markdown
     assert "| webshop | progpo | 1 | 1.0 (it 0) |" not in markdown  # success stays in its own (percent) table
     assert "| webshop | progpo | 1 | 0.0 (it 0) | 8.0 (it 8) | +8.0 |" in (tmp_path / "out" / "table1_seeds.md").read_text()
+    options = (tmp_path / "out" / "table1_seeds_options.md").read_text()
+    assert "| webshop | progpo | 0 | 0.100 (it 0) | 0.500 (it 8) | +0.400 |" in options
+    assert "| webshop | progpo | 1 | 0.100 (it 0) | 0.100 (it 8) | +0.000 |" in options
     import matplotlib.image
 
     assert [p.name for p in files.figures if "success" in p.name] == ["fig4_success_webshop.png"]
