@@ -131,7 +131,7 @@ def seed_rows(records: Sequence[RunRecord], key: str = "val/success") -> list[Se
 
 def seed_markdown(title: str, rows: Sequence[SeedRow], percent: bool = True) -> str:
     """``seed_rows`` as a Markdown table (percent, or a score as it is, and the iteration each value was measured at)."""
-    unit, change = ("In percent", "change (pts)") if percent else ("Purchase score in [0, 1]", "change")
+    unit, change = ("In percent", "change (pts)") if percent else ("A fraction in [0, 1]", "change")
     scale, digits = (100, 1) if percent else (1, 3)
     lines = [f"### {title}", "", f"{unit}; `it` = iterations done when it was measured.", "",
              f"| env | method | seed | start | end | {change} |", "|---|---|---:|---:|---:|---:|"]

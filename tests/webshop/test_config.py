@@ -59,7 +59,7 @@ def test_env_webshop_picks_its_own_warm_start_and_the_command_line_still_wins():
     assert (alfworld.warm_start.n_episodes, alfworld.warm_start.epochs) == (400, 3)
     assert mine.warm_start.epochs == 5
     assert shop.env.reward == "success"  # the paper's reward unless asked
-    assert laptop.env.reward == "score" and laptop.env.max_steps == 30
+    assert laptop.env.reward == "success" and laptop.env.max_steps == 30  # the paper's reward
     assert (laptop.rollout.tasks_per_batch, laptop.rollout.group_size) == (8, 8)
     assert (laptop.warm_start.n_episodes, laptop.warm_start.epochs, laptop.warm_start.seed) == (400, 3, 0)
     assert laptop.warm_start.focus_episodes == 1600 and list(laptop.warm_start.focus_pages) == ["item"]
