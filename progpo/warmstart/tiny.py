@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BUILD_VERSION = 4  # bump when the build procedure changes, so old cache entries are not re-used
 MIN_TOKENIZER_EPISODES = 16  # demos gathered for the tokenizer corpus even without a warm start
-# warm_start keys added after builds were cached, with their defaults: left out of the cache key at the default
+# the second (focus) stage's settings: keyed on top of the first stage's key, never in it, so the first is re-used
 _FOCUS_KEYS = ("focus_episodes", "focus_pages", "focus_epochs", "focus_lr", "focus_replay_episodes")
 
 
