@@ -61,7 +61,7 @@ def main(overrides: list[str]) -> None:
         tally[kind][0] += 1
         tally[kind][1] += project_action(text, admissible).action == expert
     for kind, (n, hit) in tally.items():
-        print(f"{kind:8s} {hit}/{n} = {hit / max(n, 1):.0%} as the expert (greedy, expert's path, "
+        print(f"{kind:8s} {hit}/{n} = {hit / max(n, 1):.0%} as the expert (greedy, expert's path, "  # noqa: T201
               f"{len(run.suite.eval_tasks)} held-out goals)")
 
 

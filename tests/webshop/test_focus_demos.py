@@ -16,7 +16,7 @@ def _expert_item_page_steps(shop, tasks):
     """The definition, as a plain loop: every state of the expert's own path that is on an item page."""
     env = shop.env_factory()
     steps = []
-    for k, task in enumerate(tasks):
+    for task in tasks:
         obs = env.reset(task)
         for _ in range(shop.max_steps):
             action = env.expert_action()
