@@ -11,6 +11,7 @@ The model is built (or loaded from the cache) exactly as `python -m progpo.train
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -18,29 +19,20 @@ from omegaconf import OmegaConf
 
 from progpo.rollout.projection import project_action
 from progpo.train import build
+from progpo.warmstart import WarmStartConfig, collect_focus_demos
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def expert_item_page_prompts(run):
-    """(prompt ids, admissible, task text, expert command) at every item-page step of the expert's path."""
-    env = run.suite.env_factory()
+    """(prompt ids, admissible, task text, expert command) at every item-page step of the expert's path on the
+    held-out goals: the focus demos (clean expert, item pages only) of a suite whose tasks are the held-out ones."""
+    held_out = replace(run.suite, train_tasks=run.suite.eval_tasks)
+    cfg = WarmStartConfig(n_episodes=0, focus_episodes=len(held_out.train_tasks), focus_pages=("item",))
+    demos, _ = collect_focus_demos(held_out, cfg)
     builder = run.collector.prompt_builder
-    rows = []
-    for task in run.suite.eval_tasks:
-        obs, past = env.reset(task), []
-        for _ in range(run.suite.max_steps):
-            action = env.expert_action()
-            if action is None:
-                break
-            if env.page_kind == "item" and action != "click[< prev]":
-                prompt = builder.build(obs.task_description, obs.text, obs.admissible_actions, past)
-                rows.append((prompt.ids, obs.admissible_actions, obs.task_description, action))
-            past.append((obs.text, action))
-            obs, _, done, _ = env.step(action)
-            if done:
-                break
-    return rows
+    return [(builder.build(d.task_description, d.observation, d.admissible, d.past).ids, d.admissible,
+             d.task_description, d.expert_action) for d in demos if d.expert_action != "click[< prev]"]
 
 
 def main(overrides: list[str]) -> None:

@@ -97,6 +97,16 @@ class PurchaseScore:
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
+    def match_metrics(self) -> dict[str, float]:
+        """The parts that tell why a purchase missed 1.0: product type, the goal's attributes, its options (only when
+        the goal has options) and its price bound (only when it has one)."""
+        out = {"type_match": float(self.r_type), "attribute_match": float(self.r_att)}
+        if self.r_option is not None:
+            out["option_match"] = float(self.r_option)
+        if self.r_price is not None:
+            out["price_match"] = float(self.r_price)
+        return out
+
 
 def get_type_reward(purchased_product: Mapping, goal: Mapping, noun_words: frozenset[str]) -> TypeReward:
     """Whether the purchased product is the same kind of thing: same query, category path or title nouns."""

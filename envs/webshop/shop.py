@@ -75,17 +75,6 @@ class WebShopEnvFactory:
         return WebShopEnv(self)
 
 
-def purchase_metrics(score: PurchaseScore) -> dict[str, float]:
-    """The parts of a purchase that tell why it missed 1.0: product type, the goal's attributes, its options (only
-    when the goal has options) and its price bound (only when it has one), as WebShop's verbose reward reports them."""
-    out = {"type_match": float(score.r_type), "attribute_match": float(score.r_att)}
-    if score.r_option is not None:
-        out["option_match"] = float(score.r_option)
-    if score.r_price is not None:
-        out["price_match"] = float(score.r_price)
-    return out
-
-
 @functools.lru_cache(maxsize=4)
 def _asin_index(n_products: int, seed: int) -> dict[str, int]:
     return {p["asin"]: i for i, p in enumerate(load_products(n_products, seed))}
@@ -151,7 +140,7 @@ class WebShopEnv:
         if self._score is not None:  # this step bought: the score's parts, as WebShop's verbose reward info
             purchased = {"asin": self.products[self._item]["asin"], "options": dict(self._options)}
             extra["purchase"] = {**purchased, **self._score.as_dict()}
-            extra["episode_metrics"] = purchase_metrics(self._score)
+            extra["episode_metrics"] = self._score.match_metrics()
         return self._observation(), reward, self._done, StepInfo(won=self._won, valid=valid, extra=extra)
 
     def close(self) -> None:

@@ -65,19 +65,41 @@ def _canonical(action: str, admissible: Sequence[str]) -> str | None:
 
 def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep], DemoStats]:
     """Run the env's expert (``ExpertEnv.expert_action``) on training tasks, with action noise."""
+    return _expert_episodes(suite, cfg, range(cfg.n_episodes), cfg.max_episode_steps or suite.max_steps,
+                            "expert demos")
+
+
+def collect_focus_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep], DemoStats]:
+    """``cfg.focus_episodes`` clean expert episodes on the training tasks after the first ``cfg.n_episodes``
+    (cycling), labelled only where the env's ``page_kind`` is one of ``cfg.focus_pages``."""
+    if cfg.focus_episodes == 0:
+        return [], DemoStats()
+    clean = WarmStartConfig(**{**vars(cfg), "action_noise": 0.0, "invalid_noise": 0.0})
+    episodes = range(cfg.n_episodes, cfg.n_episodes + cfg.focus_episodes)
+    return _expert_episodes(suite, clean, episodes, suite.max_steps, "focus demos", frozenset(cfg.focus_pages))
+
+
+def _expert_episodes(suite: EnvSuite, cfg: WarmStartConfig, episodes: range, max_steps: int, desc: str,
+                     label_pages: frozenset[str] | None = None) -> tuple[list[DemoStep], DemoStats]:
+    """The expert's episodes number ``episodes`` (episode k plays training task k, cycling), one env, labelled as
+    ``_play_episode`` says."""
     if not suite.train_tasks:
         raise ValueError(f"suite {suite.name!r} has no train_tasks to collect expert demos from")
     rng = random.Random(cfg.seed)
-    max_steps = cfg.max_episode_steps or suite.max_steps
     demos: list[DemoStep] = []
     stats = DemoStats()
     env = suite.env_factory()
     try:
         if not callable(getattr(env, "expert_action", None)):
             raise TypeError(f"{type(env).__name__} has no expert_action(): the warm start needs an ExpertEnv")
-        for episode in tqdm(range(cfg.n_episodes), desc="expert demos", leave=False, mininterval=5):
+        if label_pages is not None and not hasattr(type(env), "page_kind"):
+            raise TypeError(
+                f"warm_start.focus_episodes needs an env that reports its page (page_kind); {type(env).__name__} "
+                "does not: set warm_start.focus_episodes=0"
+            )
+        for episode in tqdm(episodes, desc=desc, leave=False, mininterval=5):
             task = suite.train_tasks[episode % len(suite.train_tasks)]
-            _play_episode(env, task, episode, max_steps, cfg, rng, demos, stats)
+            _play_episode(env, task, episode, max_steps, cfg, rng, demos, stats, label_pages)
             stats.episodes += 1
     finally:
         env.close()
@@ -87,35 +109,6 @@ def collect_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep]
             "%d expert actions were not in the admissible list; not used as labels",
             stats.skipped_inadmissible,
         )
-    return demos, stats
-
-
-def collect_focus_demos(suite: EnvSuite, cfg: WarmStartConfig) -> tuple[list[DemoStep], DemoStats]:
-    """``cfg.focus_episodes`` clean expert episodes on the training tasks after the first ``cfg.n_episodes``
-    (cycling), labelled only where the env's ``page_kind`` is one of ``cfg.focus_pages``."""
-    stats = DemoStats()
-    if cfg.focus_episodes == 0:
-        return [], stats
-    if not suite.train_tasks:
-        raise ValueError(f"suite {suite.name!r} has no train_tasks to collect focus demos from")
-    clean = WarmStartConfig(**{**vars(cfg), "action_noise": 0.0, "invalid_noise": 0.0})
-    rng = random.Random(cfg.seed)
-    demos: list[DemoStep] = []
-    env = suite.env_factory()
-    try:
-        if not hasattr(type(env), "page_kind"):
-            raise TypeError(
-                f"warm_start.focus_episodes needs an env that reports its page (page_kind); {type(env).__name__} "
-                "does not: set warm_start.focus_episodes=0"
-            )
-        for k in tqdm(range(cfg.focus_episodes), desc="focus demos", leave=False, mininterval=5):
-            task = suite.train_tasks[(cfg.n_episodes + k) % len(suite.train_tasks)]
-            _play_episode(env, task, cfg.n_episodes + k, suite.max_steps, clean, rng, demos, stats,
-                          label_pages=frozenset(cfg.focus_pages))
-            stats.episodes += 1
-    finally:
-        env.close()
-    stats.steps = len(demos)
     return demos, stats
 
 
