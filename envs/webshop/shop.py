@@ -3,7 +3,9 @@
 Pages and buttons follow WebShop's text mode (``observation_mode="text"``, the templates that verl-agent ships):
 search page -> results (``Page 1 (Total results: 50)``, 10 per page, ``< Prev``/``Next >``, ``Back to Search``)
 -> item page (options, ``Description``/``Features``/``Reviews``, ``Buy Now``) -> sub-pages (``< Prev``).
-Observations are the page's visible texts joined by `` [SEP] ``, like WebShop's ``convert_html_to_text``.
+Observations are the page's visible texts joined by `` [SEP] ``, like WebShop's ``convert_html_to_text``; an item
+page opens with ``You have clicked <value>.`` for each option chosen, as WebShop's text mode prefixes it (so an option
+click changes the state that the policy and the credit estimators see).
 Reward (``reward="success"``, the paper's and verl-agent's): ``SUCCESS_REWARD`` when the purchase scores exactly 1.0,
 else 0; ``reward="score"``: ``SUCCESS_REWARD`` x the purchase score (WebShop's own reward, on the same scale). Invalid
 actions cost ``invalid_penalty`` and leave the page unchanged. WebShop's score is ``StepInfo.extra["task_score"]``.
@@ -221,7 +223,8 @@ class WebShopEnv:
             return SEP.join(
                 ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", f"{self._task_score}"]
             )
-        parts = ["Instruction:", instruction, BACK_TO_SEARCH]
+        clicked = [f"You have clicked {v}." for v in self._options.values()] if self._page == "item" else []
+        parts = [*clicked, "Instruction:", instruction, BACK_TO_SEARCH]
         if self._page == "results":
             parts.append(f"Page {self._page_num} (Total results: {len(self._results)})")
             parts += ([PREV_PAGE] if self._page_num > 1 else []) + ([NEXT_PAGE] if self._has_next() else [])

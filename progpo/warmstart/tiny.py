@@ -107,9 +107,10 @@ def build_tiny(
     if sft_precision != "32-true":
         params["sft_precision"] = sft_precision
     if suite.name.startswith("webshop"):
-        # Its demos label the expert's searches since issue 18 (they were dropped): builds cached before are not
-        # re-used. A key of its own, not a BUILD_VERSION bump, so that every other env's cached builds stay valid.
-        params["demos"] = "searches labelled"
+        # Its demos label the expert's searches since issue 18 (they were dropped), and its item pages show the
+        # clicked options since session 12: builds cached before either are not re-used. A key of its own, not a
+        # BUILD_VERSION bump, so that every other env's cached builds stay valid.
+        params["demos"] = "searches labelled, clicked options shown"
 
     def build(out: Path) -> dict[str, Any]:
         return _build_into(out, suite, ws, shape, demo_episodes, history, max_new_tokens, prompt_style, seed,

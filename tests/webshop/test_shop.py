@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from envs.base import SUCCESS_REWARD, Env, EnvSuite, ExpertEnv, Task, tasks_fingerprint
+from envs.base import SUCCESS_REWARD, Env, EnvSuite, ExpertEnv, Task, obs_id, tasks_fingerprint
 from envs.webshop import WebShopEnv, WebShopEnvFactory
 from envs.webshop.catalogue import CATEGORIES, PRODUCT_TYPES
 from envs.webshop.reward import fuzzy_match
@@ -159,6 +159,32 @@ def test_options_are_remembered_until_results_page(env):
     assert env._options == {name: value}
     env.step("click[< prev]")  # back to results resets options, as WebShop's search_results does
     assert env._options == {}
+
+
+def test_an_option_click_shows_on_the_item_page_and_changes_the_state(env):
+    """WebShop's text mode opens the item page with ``You have clicked <value>.``; without it an option click would
+    leave the observation (and so the credit estimators' state) unchanged."""
+    goal = suite().eval_tasks[0].payload["goal"]
+    env.reset(_task_with_goal(goal))
+    before = goto_item(env, goal["asin"])
+    values = list(_product(env, goal["asin"])["options"].values())
+    assert values, "the goal product has options"
+    assert "You have clicked" not in before.text
+    first, second = values[0][0], values[-1][-1]
+    after_one, _, _, _ = env.step(f"click[{first}]")
+    assert after_one.text.startswith(f"You have clicked {first}. [SEP] Instruction:")
+    assert obs_id(after_one.text) != obs_id(before.text)
+    after_two, _, _, _ = env.step(f"click[{second}]")
+    clicked = [p for p in after_two.text.split(" [SEP] ") if p.startswith("You have clicked")]
+    # two option names: both shown, in the page's option order; one name: the second click replaced the first
+    expected = [first, second] if len(values) > 1 else [second]
+    assert clicked == [f"You have clicked {v}." for v in expected]
+    sub, _, _, _ = env.step("click[features]")
+    assert "You have clicked" not in sub.text  # sub-pages show no option labels, as in WebShop
+    back, _, _, _ = env.step("click[< prev]")
+    assert back.text == after_two.text  # the choice survives a sub-page visit
+    results, _, _, _ = env.step("click[< prev]")
+    assert "You have clicked" not in results.text
 
 
 # ------------------------------------------------------------------------------------------------ validation
