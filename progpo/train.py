@@ -181,7 +181,7 @@ def _build_parts(cfg: DictConfig, typed: RunConfig, run_dir: Path, ckpt: Path | 
     rl = RLIteration(
         collector, engine, instantiate(cfg.credit), policy.model,
         make_reference(policy) if typed.ppo.kl_coef > 0 else None, typed.ppo, pad_token_id(policy.tokenizer),
-        typed.rollout.group_size, typed.eval.temperature, cfg.seed,
+        typed.rollout.group_size, typed.eval.temperature, cfg.seed, typed.eval.episodes_per_task,
     )
     module = ProGPOModule(rl, optimizer=instantiate(cfg.optim))
     datamodule = RolloutDataModule(suite, typed.rollout.tasks_per_batch, cfg.seed)
@@ -231,7 +231,9 @@ def fit(run: Run) -> dict[str, float]:
         if trainer.is_global_zero:
             table = summary_table(record.initial_eval or {}, record.last_eval or {}, run.suite.task_types)
             temperature = run.typed.eval.temperature
+            per_task = run.typed.eval.episodes_per_task
             sampling = "greedy" if temperature == 0 else f"sampled at T={temperature:g}"
+            sampling += f", {per_task} episodes per task" if per_task > 1 else ""
             log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
             (run.run_dir / "summary.md").write_text(table + "\n")
             plot_curves(record.history, run.run_dir, run.logger)

@@ -61,6 +61,7 @@ def test_every_credit_choice_is_valid(credit):
         ("schedule.max_iterations=0", "schedule.max_iterations"),
         ("ppo.clip_ratio=0", "ppo.clip_ratio"),
         ("eval.temperature=-1", "eval.temperature"),
+        ("eval.episodes_per_task=0", "eval.episodes_per_task"),
         ("trainer.num_nodes=0", "trainer.num_nodes"),
         ("rollout.group_size=0", "rollout.group_size"),
         ("rollout.history=-2", "rollout.history"),
@@ -71,6 +72,12 @@ def test_every_credit_choice_is_valid(credit):
 def test_out_of_range_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(_cfg(override))
+
+
+def test_several_held_out_episodes_per_task_need_sampling():
+    validate_config(_cfg("eval.episodes_per_task=3", "eval.temperature=1.0"))
+    with pytest.raises(ConfigError, match=r"eval\.episodes_per_task.*eval\.temperature > 0"):
+        validate_config(_cfg("eval.episodes_per_task=3", "eval.temperature=0"))
 
 
 @pytest.mark.parametrize(

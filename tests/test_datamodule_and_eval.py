@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from progpo.algo.iteration import IterationTasks, RLIteration
 from progpo.config import PPOConfig
 from progpo.lit.datamodule import RolloutDataModule, sample_tasks
 from progpo.types import RolloutBatch
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 class RecordingCollector:
@@ -31,9 +35,10 @@ class Suite:
     eval_tasks = train_tasks[:4]
 
 
-def _evaluator(collector, seed: int, temperature: float) -> RLIteration:
+def _evaluator(collector, seed: int, temperature: float, episodes_per_task: int = 1) -> RLIteration:
     return RLIteration(collector, engine=None, credit=None, actor=None, reference=None, ppo=PPOConfig(),
-                       pad_token_id=0, group_size=3, eval_temperature=temperature, seed=seed)
+                       pad_token_id=0, group_size=3, eval_temperature=temperature, seed=seed,
+                       eval_episodes_per_task=episodes_per_task)
 
 
 def test_sampled_evaluation_is_seeded_and_leaves_the_training_rng_alone():
@@ -58,6 +63,41 @@ def test_zero_eval_temperature_is_greedy():
     collector = RecordingCollector()
     _evaluator(collector, seed=0, temperature=0.0).evaluate(IterationTasks(0, Suite.eval_tasks))
     assert collector.calls[0]["greedy"] is True and collector.calls[0]["temperature"] is None
+
+
+def test_several_episodes_per_held_out_task_are_one_group_each():
+    collector = RecordingCollector()
+    _evaluator(collector, seed=0, temperature=1.0, episodes_per_task=3).evaluate(IterationTasks(0, Suite.eval_tasks))
+    assert (collector.calls[0]["n"], collector.calls[0]["group_size"]) == (4, 3)
+
+
+@pytest.mark.slow
+def test_held_out_metrics_are_over_every_episode_of_every_task(tmp_path):
+    """The real collector and env (experiment=fast_dev): k episodes per held-out task, the metrics over all."""
+    from hydra import compose, initialize_config_dir
+
+    from progpo.train import build
+    from progpo.types import episode_metrics
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "experiment=fast_dev", "logger=none", f"run_dir={tmp_path / 'run'}", "eval.temperature=1.0",
+            "eval.episodes_per_task=3"])
+    run = build(cfg)
+    try:
+        result = run.module.rl.evaluate(run.datamodule.eval_batch())
+    finally:
+        run.collector.close()
+        run.engine.close()
+    episodes = result.batch.episodes
+    held_out = [t.task_id for t in run.suite.eval_tasks]
+    assert sorted(e.task.task_id for e in episodes) == sorted(held_out * 3)
+    assert result.metrics["val/success"] == pytest.approx(sum(e.won for e in episodes) / len(episodes))
+    assert result.metrics["val/episode_length"] == episode_metrics(episodes, "val")["val/episode_length"]
+    # the k episodes of a task are sampled apart: some task's trajectories differ in their actions
+    actions = {traj: tuple(t.action for t in result.batch.turns if t.traj == traj) for traj in {e.traj for e in episodes}}
+    by_task = [{actions[e.traj] for e in episodes if e.task.task_id == task} for task in held_out]
+    assert any(len(distinct) > 1 for distinct in by_task), "every task's 3 sampled episodes were alike"
 
 
 def test_train_tasks_depend_on_seed_and_iteration_only():

@@ -84,11 +84,13 @@ class RLIteration:
         pad_token_id: padding id of the scoring and update batches.
         group_size: rollouts per task (N).
         eval_temperature: held-out sampling temperature; 0 = greedy.
+        eval_episodes_per_task: held-out episodes per task (sampled; the metrics are over all of them).
         seed: the run's seed (minibatch order, held-out sampling stream).
     """
 
     def __init__(self, collector, engine, credit, actor: torch.nn.Module, reference: torch.nn.Module | None,
-                 ppo: PPOConfig, pad_token_id: int, group_size: int, eval_temperature: float, seed: int) -> None:
+                 ppo: PPOConfig, pad_token_id: int, group_size: int, eval_temperature: float, seed: int,
+                 eval_episodes_per_task: int = 1) -> None:
         self.collector = collector
         self.engine = engine
         self.credit = credit
@@ -98,6 +100,7 @@ class RLIteration:
         self.pad_token_id = pad_token_id
         self.group_size = group_size
         self.eval_temperature = float(eval_temperature)
+        self.eval_episodes_per_task = int(eval_episodes_per_task)
         self.seed = seed
 
     def run(self, tasks: IterationTasks, optimizer, backward,
@@ -153,7 +156,8 @@ class RLIteration:
         return IterationResult(iterations_done + 1, metrics, batch, credit)
 
     def evaluate(self, tasks: IterationTasks) -> EvalResult:
-        """One episode per held-out task: greedy (``eval_temperature=0``) or sampled at that temperature.
+        """``eval_episodes_per_task`` episodes per held-out task (one when greedy, ``eval_temperature=0``), sampled
+        at that temperature.
 
         On several ranks each plays its share of the held-out tasks and the metrics are over all of them.
         Sampling uses its own seeded RNG stream, so every evaluation of a run draws the same random numbers
@@ -163,7 +167,7 @@ class RLIteration:
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed)
-            batch = self.collector.collect(tasks.tasks, 1, greedy=greedy,
+            batch = self.collector.collect(tasks.tasks, self.eval_episodes_per_task, greedy=greedy,
                                            temperature=None if greedy else self.eval_temperature,
                                            first_group=tasks.first_group)
         slowest = dist.max_over_ranks({"rollout": batch.rollout_seconds})["rollout"]

@@ -111,15 +111,22 @@ class EvalConfig:
     """Held-out evaluation (``conf/eval/*.yaml``): one episode per ``env`` held-out task.
 
     every: evaluate every N iterations (and always at the start and the end). temperature: sampling temperature
-    of the held-out episodes; 0 = greedy.
+    of the held-out episodes; 0 = greedy. episodes_per_task: sampled episodes per held-out task; the metrics are
+    over all of them, so k episodes shrink the sampling noise of a held-out number like k times more tasks would
+    (without changing the held-out set, which the warm start's cache key and the paper's tables depend on).
     """
 
     every: int = 5
     temperature: float = 0.4
+    episodes_per_task: int = 1
 
     def check(self) -> None:
         require(self.every >= 1, "eval.every", ">= 1", self.every)
         require(self.temperature >= 0, "eval.temperature", ">= 0 (0 = greedy)", self.temperature)
+        require(self.episodes_per_task >= 1, "eval.episodes_per_task", ">= 1", self.episodes_per_task)
+        require(self.temperature > 0 or self.episodes_per_task == 1, "eval.episodes_per_task",
+                "1 when eval.temperature=0 (greedy episodes of a task are all the same; sample with "
+                "eval.temperature > 0 to average several)", self.episodes_per_task)
 
 
 @dataclass
