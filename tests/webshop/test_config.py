@@ -60,7 +60,8 @@ def test_env_webshop_picks_its_own_warm_start_and_the_command_line_still_wins():
     assert mine.warm_start.epochs == 5
     assert shop.env.reward == "success"  # the paper's reward unless asked
     assert laptop.env.reward == "success" and laptop.env.max_steps == 30  # the paper's reward
-    assert (laptop.rollout.tasks_per_batch, laptop.rollout.group_size) == (8, 8)
+    assert (laptop.rollout.tasks_per_batch, laptop.rollout.group_size) == (16, 8)  # the ALFWorld default's batch
+    assert laptop.eval.episodes_per_task == 3 and shop.eval.episodes_per_task == 1
     assert (laptop.warm_start.n_episodes, laptop.warm_start.epochs, laptop.warm_start.seed) == (400, 3, 0)
     assert laptop.warm_start.focus_episodes == 1600 and list(laptop.warm_start.focus_pages) == ["item"]
     assert shop.warm_start.focus_episodes == 0 and alfworld.warm_start.focus_episodes == 0
