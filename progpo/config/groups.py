@@ -108,7 +108,7 @@ class PPOConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation (``conf/eval/*.yaml``): one episode per ``env`` held-out task.
+    """Held-out evaluation (``conf/eval/*.yaml``): ``episodes_per_task`` episodes per ``env`` held-out task.
 
     every: evaluate every N iterations (and always at the start and the end). temperature: sampling temperature
     of the held-out episodes; 0 = greedy. episodes_per_task: sampled episodes per held-out task; the metrics are

@@ -108,7 +108,8 @@ def build_tiny(
         params["sft_precision"] = sft_precision
     if suite.name.startswith("webshop"):
         # Its demos label the expert's searches since issue 18 (they were dropped), and its item pages show the
-        # clicked options since session 12: builds cached before either are not re-used. A key of its own, not a
+        # clicked options ("You have clicked ..."), as WebShop's text mode does: builds cached before either are
+        # not re-used. A key of its own, not a
         # BUILD_VERSION bump, so that every other env's cached builds stay valid.
         params["demos"] = "searches labelled, clicked options shown"
 
