@@ -21,13 +21,14 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from envs.webshop.shop import BACK_TO_SEARCH, END_BUTTON, NEXT_PAGE, PREV_PAGE, SUB_PAGES
 from progpo.algo.credit import batch_credit
 from progpo.algo.iteration import step_batch
 from progpo.algo.scoring import score_turns
 from progpo.train import build
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-NAVIGATION = ("< prev", "next >", "back to search", "description", "features", "reviews")
+NAVIGATION = tuple(b.lower() for b in (PREV_PAGE, NEXT_PAGE, BACK_TO_SEARCH, *SUB_PAGES))
 
 
 def action_kind(action: str, goal_options: set[str]) -> str:
@@ -36,7 +37,7 @@ def action_kind(action: str, goal_options: set[str]) -> str:
     if command.startswith("search["):
         return "search"
     target = command[command.find("[") + 1 : -1]
-    if target == "buy now":
+    if target == END_BUTTON.lower():
         return "buy now"
     if target in NAVIGATION:
         return target
