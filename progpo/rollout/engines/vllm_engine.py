@@ -219,17 +219,19 @@ class VLLMEngine:
             )
         inputs = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(inputs, self._params(greedy, temperature), use_tqdm=False)
-        ids, texts, logprobs = [], [], []
+        ids, logprobs = [], []
         for out in outputs:
             completion = out.outputs[0]
             token_ids = list(completion.token_ids)
             ids.append(token_ids)
-            texts.append(completion.text)
             steps = completion.logprobs or []
             logprobs.append([float(step[tok].logprob) for step, tok in zip(steps, token_ids)])
         return Generation(
             response_ids=ids,
-            texts=texts,
+            # The policy's tokenizer writes the text, as HFEngine's does: vLLM loads its own from the folder, and
+            # transformers 5 rebuilds any qwen2 folder's as a Qwen2Tokenizer, which drops model=tiny's
+            # bracket_words decoder (click[grey] would come back as "click[ grey]").
+            texts=self.policy.tokenizer.batch_decode(ids, skip_special_tokens=True),
             logprobs=logprobs,
             n_generated_tokens=sum(len(i) for i in ids),
             allowed_token_ids=[None] * len(ids),
