@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,18 +68,18 @@ def test_bracket_words_tokenizer_reloads_as_trained_with_its_chat_template_and_p
     check_reload(plain, other, CORPUS)
 
 
-def test_build_tiny_uses_bracket_words_for_webshop_only_and_keys_the_cache_on_it():
+def test_build_tiny_is_plain_by_default_and_keys_the_cache_on_bracket_words():
     kwargs = dict(**{**TEST_SHAPE, "max_context": 512}, warm_start={"n_episodes": 0})
     room = fake_room_suite(n_train=20)
-    shop_named = replace(room, name="webshop-fake")  # the env's name decides the default
     plain = build_tiny(room, **kwargs)
-    shop = build_tiny(shop_named, **kwargs)
-    forced_off = build_tiny(shop_named, bracket_words=False, **kwargs)
-    assert json.loads(Path(shop.source, "tokenizer_config.json").read_text())["tokenizer_class"] == GENERIC_TOKENIZER
-    assert len({plain.source, shop.source, forced_off.source}) == 3  # three cache entries
+    spaced = build_tiny(room, bracket_words=True, **kwargs)
+    assert json.loads(Path(spaced.source, "tokenizer_config.json").read_text())["tokenizer_class"] == GENERIC_TOKENIZER
+    assert json.loads(Path(plain.source, "tokenizer_config.json").read_text())["tokenizer_class"] != GENERIC_TOKENIZER
+    assert plain.source != spaced.source  # two cache entries
     text = "click[go] [SEP] go"
-    for policy, spaced in ((shop, True), (forced_off, False), (plain, False)):
+    for policy, running_text_word in ((spaced, True), (plain, False)):
         ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
         assert policy.tokenizer.decode(ids) == text
-        after_bracket = policy.tokenizer.convert_ids_to_tokens(ids)[: len(policy.tokenizer("click[go", add_special_tokens=False)["input_ids"])]
-        assert any(t.startswith("\u0120") for t in after_bracket) == spaced, after_bracket  # Ġ: a running-text word
+        upto_word = len(policy.tokenizer("click[go", add_special_tokens=False)["input_ids"])
+        tokens = policy.tokenizer.convert_ids_to_tokens(ids)[:upto_word]
+        assert any(t.startswith("\u0120") for t in tokens) == running_text_word, tokens  # Ġ: a running-text word
