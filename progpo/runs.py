@@ -19,6 +19,18 @@ log = logging.getLogger(__name__)
 _RESUME_KEYS = ("resume", "ckpt_path")
 
 
+def _name_or(name: str | None, default: str) -> str:
+    """``${progpo.name_or:${run_name},<default>}``: the run's folder is named by ``run_name`` when one is given.
+
+    Without it, two runs that differ only in an override (an ablation, a second setting of one method) share
+    Hydra's ``<credit>-<env>-<model>-seed<seed>`` folder, and the second silently replaces the first's config,
+    metrics and checkpoints."""
+    return str(name) if name else default
+
+
+OmegaConf.register_new_resolver("progpo.name_or", _name_or, replace=True)
+
+
 def default_run_name(cfg: DictConfig) -> str:
     """<credit>-<env>-<model>-seed<seed>, from the config alone (works with Hydra's compose API too)."""
     credit = str(cfg.credit._target_).rsplit(".", 1)[-1].lower()

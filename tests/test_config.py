@@ -107,3 +107,24 @@ def test_cli_rejects_negative_lambda_tr_fast(tmp_path):
     assert proc.returncode != 0
     assert "credit.lambda_tr" in proc.stdout + proc.stderr
     assert elapsed < startup_bound_s(factor=1.0), f"validation took {elapsed:.1f}s, bound {startup_bound_s(1.0):.1f}s"
+
+
+def _run_dir(*overrides: str) -> str:
+    """The run folder ``python -m progpo.train <overrides>`` would use (Hydra's run dir, resolved as at start)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    import progpo.runs  # noqa: F401  (registers the progpo.name_or resolver, as importing progpo.train does)
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        return cfg.hydra.run.dir
+    finally:
+        HydraConfig.instance().cfg = None  # later tests must not see a Hydra run (progpo.runs.resolve_run_dir)
+
+
+def test_run_name_names_the_run_folder_so_an_ablation_does_not_replace_the_plain_run():
+    assert _run_dir() == "outputs/runs/progpo-alfworld-tiny-seed0"
+    assert _run_dir("credit=gigpo", "seed=2") == "outputs/runs/gigpo-alfworld-tiny-seed2"
+    assert _run_dir("credit.min_value_group=0", "run_name=progpo-nosem-seed0") == "outputs/runs/progpo-nosem-seed0"
