@@ -1,15 +1,19 @@
 """Where WebShop success is lost: the configured model's choice on the item page, along the expert's own path.
 
     python scripts/webshop_option_clicks.py experiment=webshop_laptop [model/warm_start overrides...]
+    python scripts/webshop_option_clicks.py --checkpoint outputs/runs/<run>/checkpoints/last.ckpt experiment=...
 
 Every held-out goal is played by the expert (no noise) up to the purchase; at each item-page step the model is asked
 (greedy, constrained to the admissible commands, with the prompt RL builds) and its command compared with the
 expert's: an option click (the option the goal names) or "Buy Now" once the options are set. Prints both accuracies.
-The model is built (or loaded from the cache) exactly as `python -m progpo.train` with the same overrides builds it.
+The model is built (or loaded from the cache) exactly as `python -m progpo.train` with the same overrides builds it;
+``--checkpoint`` then loads an RL checkpoint's actor weights into it (the same overrides as that run), so the warm start
+and what RL made of it are asked the same questions.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from progpo.rollout.projection import project_action
+from progpo.runs import read_checkpoint
 from progpo.train import build
 from progpo.warmstart import WarmStartConfig, collect_focus_demos
 
@@ -35,12 +40,24 @@ def expert_item_page_prompts(run):
              d.task_description, d.expert_action) for d in demos if d.expert_action != "click[< prev]"]
 
 
-def main(overrides: list[str]) -> None:
+def load_actor(run, checkpoint: Path) -> None:
+    """The RL checkpoint's actor weights into the built policy (its engine samples with them)."""
+    state = read_checkpoint(checkpoint)["state_dict"]
+    run.module.actor.load_state_dict({k.removeprefix("actor."): v for k, v in state.items() if k.startswith("actor.")})
+    run.engine.sync_weights(run.module.actor)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, help="an RL run's .ckpt: ask its actor instead of the warm start")
+    args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     cfg.logger = OmegaConf.create({"_target_": "progpo.train.no_logger"})  # a probe, not a run: nothing tracked
     run = build(cfg)
     try:
+        if args.checkpoint:
+            load_actor(run, args.checkpoint)
         rows = expert_item_page_prompts(run)
         gen = run.engine.generate([r[0] for r in rows], greedy=True, admissible=[r[1] for r in rows],
                                   task_texts=[r[2] for r in rows])
