@@ -41,9 +41,9 @@ def expert_item_page_prompts(run):
 
 
 def load_actor(run, checkpoint: Path) -> None:
-    """The RL checkpoint's actor weights into the built policy (its engine samples with them)."""
-    state = read_checkpoint(checkpoint)["state_dict"]
-    run.module.actor.load_state_dict({k.removeprefix("actor."): v for k, v in state.items() if k.startswith("actor.")})
+    """The RL checkpoint's weights into the built module, strictly as Lightning saved them (its engine samples
+    with them)."""
+    run.module.load_state_dict(read_checkpoint(checkpoint)["state_dict"])
     run.engine.sync_weights(run.module.actor)
 
 

