@@ -78,6 +78,14 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         ) from None
 
 
+def load_run_weights(run: Any, checkpoint: Path) -> None:
+    """An RL checkpoint's weights into a built run (``progpo.train.build``), strictly as Lightning saved the module,
+    and into its rollout engine, so a probe asks what RL made of the warm start (a checkpoint of another model fails
+    loudly)."""
+    run.module.load_state_dict(read_checkpoint(checkpoint)["state_dict"])
+    run.engine.sync_weights(run.module.actor)
+
+
 def stored_run_id(ckpt: Path | None) -> str | None:
     """The logger run id a checkpoint was written under (a resumed run continues that run)."""
     if ckpt is None:

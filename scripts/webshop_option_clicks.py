@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from progpo.rollout.projection import project_action
-from progpo.runs import read_checkpoint
+from progpo.runs import load_run_weights
 from progpo.train import build
 from progpo.warmstart import WarmStartConfig, collect_focus_demos
 
@@ -40,13 +40,6 @@ def expert_item_page_prompts(run):
              d.task_description, d.expert_action) for d in demos if d.expert_action != "click[< prev]"]
 
 
-def load_actor(run, checkpoint: Path) -> None:
-    """The RL checkpoint's weights into the built module, strictly as Lightning saved them (its engine samples
-    with them)."""
-    run.module.load_state_dict(read_checkpoint(checkpoint)["state_dict"])
-    run.engine.sync_weights(run.module.actor)
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, help="an RL run's .ckpt: ask its actor instead of the warm start")
@@ -57,7 +50,7 @@ def main(argv: list[str]) -> None:
     run = build(cfg)
     try:
         if args.checkpoint:
-            load_actor(run, args.checkpoint)
+            load_run_weights(run, args.checkpoint)
         rows = expert_item_page_prompts(run)
         gen = run.engine.generate([r[0] for r in rows], greedy=True, admissible=[r[1] for r in rows],
                                   task_texts=[r[2] for r in rows])

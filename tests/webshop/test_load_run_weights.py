@@ -1,28 +1,20 @@
-"""``scripts/webshop_option_clicks.py --checkpoint``: an RL checkpoint's actor is what gets asked."""
+"""``progpo.runs.load_run_weights`` (the probes' ``--checkpoint``): an RL checkpoint's actor is what generates."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from progpo.runs import load_run_weights
 from progpo.train import build
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("webshop_option_clicks", ROOT / "scripts/webshop_option_clicks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_load_actor_puts_the_checkpoints_actor_weights_into_the_policy_that_generates(tmp_path):
-    script = _script()
+def test_load_run_weights_puts_the_checkpoints_actor_weights_into_the_policy_that_generates(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["experiment=fast_dev", "env=webshop", "env.n_products=200",
                                                        f"run_dir={tmp_path / 'run'}", "torch_threads=1"])
@@ -41,7 +33,7 @@ def test_load_actor_puts_the_checkpoints_actor_weights_into_the_policy_that_gene
         torch.save({"state_dict": moved}, ckpt)
         prompt = run.policy.tokenizer("<action>", add_special_tokens=False)["input_ids"]
         before = run.engine.generate([prompt], greedy=True).response_ids
-        script.load_actor(run, ckpt)
+        load_run_weights(run, ckpt)
         for name, value in actor.state_dict().items():
             torch.testing.assert_close(value, moved[f"actor.{name}"])
         assert run.engine.generate([prompt], greedy=True).response_ids != before  # the engine samples with them
