@@ -9,9 +9,8 @@ them and runs the configured credit estimator on each. Every step is sorted by i
 (a result link), ``option right`` / ``option wrong`` (an option the goal does or does not name), ``buy now`` (split
 by whether every option the goal names had been clicked before it) and the navigation buttons. Prints per kind:
 steps, steps per episode (the policy's habits: compare a checkpoint with the warm start, on training draws and,
-with ``--held-out``, on the held-out goals), mean advantage, shares
-positive and negative, share of steps in won episodes, and the mean of each advantage part (ProGPO: ``a_hier``,
-``a_trans``).
+with ``--held-out``, on the held-out goals), mean advantage, shares positive and negative, share of steps in won
+episodes, and the mean of each advantage part (ProGPO: ``a_hier``, ``a_trans``).
 """
 
 from __future__ import annotations
@@ -38,12 +37,17 @@ CONF = str(Path(__file__).resolve().parents[1] / "conf")
 NAVIGATION = tuple(b.lower() for b in (PREV_PAGE, NEXT_PAGE, BACK_TO_SEARCH, *SUB_PAGES))
 
 
+def command_target(action: str) -> str:
+    """What a WebShop command names, lower case: ``click[Grey]`` -> ``grey``."""
+    command = action.strip().lower()
+    return command[command.find("[") + 1 : -1]
+
+
 def action_kind(action: str, goal_options: set[str]) -> str:
     """The kind of a WebShop command, relative to the goal's options."""
-    command = action.strip().lower()
-    if command.startswith("search["):
+    if action.strip().lower().startswith("search["):
         return "search"
-    target = command[command.find("[") + 1 : -1]
+    target = command_target(action)
     if target == END_BUTTON.lower():
         return "buy now"
     if target in NAVIGATION:
@@ -63,8 +67,7 @@ def step_kinds(turns, goal_options: dict[int, set[str]]) -> list[str]:
         options = goal_options[turn.group]
         kind = action_kind(turn.action, options)
         if kind == "option right":
-            target = turn.action.strip().lower()
-            clicked[turn.traj].add(target[target.find("[") + 1 : -1])
+            clicked[turn.traj].add(command_target(turn.action))
         elif kind == "buy now":
             kind += ", options set" if options <= clicked[turn.traj] else ", options not set"
         kinds[i] = kind
@@ -83,16 +86,20 @@ def main(argv: list[str]) -> None:
             cfg = compose(config_name="config", overrides=[f"run_dir={tmp}/run", *overrides])
         cfg.logger = OmegaConf.create({"_target_": "progpo.train.no_logger"})  # a probe, not a run: nothing tracked
         run = build(cfg)
-        if args.checkpoint:
-            load_run_weights(run, args.checkpoint)
         rl = run.module.rl
         n_episodes = 0
         rows: dict[str, list[tuple[float, bool, dict[str, float]]]] = defaultdict(list)
         try:
+            if args.checkpoint:
+                load_run_weights(run, args.checkpoint)
+            size = run.datamodule.tasks_per_batch
+            if args.held_out and args.batches * size > len(run.suite.eval_tasks):
+                raise SystemExit(f"--batches {args.batches} x {size} tasks needs more than the "
+                                 f"{len(run.suite.eval_tasks)} held-out goals: pass --batches "
+                                 f"{len(run.suite.eval_tasks) // size} or fewer with --held-out")
             for index in range(args.batches):
                 torch.manual_seed(index)
                 if args.held_out:
-                    size = len(run.datamodule.train_batch().tasks)
                     tasks = run.suite.eval_tasks[index * size : (index + 1) * size]
                 else:
                     tasks = run.datamodule.train_batch().tasks
