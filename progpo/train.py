@@ -63,8 +63,10 @@ def build_with(node: DictConfig, **runtime: Any) -> Any:
     return instantiate(node, _partial_=True)(**runtime)
 
 
-def no_logger(cfg: DictConfig | None = None, run_id: str | None = None) -> None:
-    """``logger=none``: metrics go to the terminal and the run's ``metrics.jsonl`` only."""
+def no_logger(cfg: DictConfig | None = None, run_id: str | None = None, experiment_name: str | None = None) -> None:
+    """``logger=none``: metrics go to the terminal and the run's ``metrics.jsonl`` only. ``experiment_name`` is
+    accepted and unused: experiment files name their MLflow experiment, and ``experiment=... logger=none`` must
+    still compose."""
     return None
 
 
