@@ -22,7 +22,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from progpo.config import ConfigError
-from progpo.runs import load_run_weights, read_checkpoint, resolve_run_dir
+from progpo.runs import existing_ckpt_path, load_run_weights, read_checkpoint, resolve_run_dir
 from progpo.train import build
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,14 @@ def evaluate(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]
 
 def _checkpoint_to_evaluate(cfg: DictConfig) -> Path | None:
     """Take ``ckpt_path`` out of ``cfg`` (``build`` would resume from it: the training run's logger run and config)
-    after checking it exists and that the evaluation's folder is not the checkpoint's own run folder."""
+    after checking it is a readable checkpoint outside the evaluation's own folder. ``resume=true`` is refused: it
+    would continue the training run's logger run with weights that are not its checkpoint's."""
+    if cfg.get("resume"):
+        raise ConfigError("resume=true: progpo.evaluate resumes nothing; give the weights to evaluate as "
+                          "ckpt_path=outputs/runs/<run>/checkpoints/last.ckpt with a run_name of its own")
     if not cfg.get("ckpt_path"):
         return None
-    checkpoint = Path(cfg.ckpt_path)
-    if not checkpoint.is_file():
-        raise ConfigError(f"ckpt_path={checkpoint} does not exist; give an existing .ckpt file or drop ckpt_path")
+    checkpoint = existing_ckpt_path(cfg.ckpt_path)
     read_checkpoint(checkpoint)  # an empty or corrupt file fails here, naming it, before anything is built
     own_run = checkpoint.resolve().parent.parent
     if resolve_run_dir(cfg).resolve() == own_run:
@@ -65,7 +67,6 @@ def _checkpoint_to_evaluate(cfg: DictConfig) -> Path | None:
         )
     with open_dict(cfg):
         cfg.ckpt_path = None
-        cfg.resume = False
     return checkpoint
 
 

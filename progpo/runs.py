@@ -53,16 +53,21 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
 def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     """``ckpt_path`` wins; ``resume=true`` takes ``<run_dir>/checkpoints/last.ckpt`` when it exists."""
     if cfg.get("ckpt_path"):
-        path = Path(cfg.ckpt_path)
-        if not path.is_file():
-            raise ConfigError(f"ckpt_path={path} does not exist; give an existing .ckpt file or drop ckpt_path")
-        return path
+        return existing_ckpt_path(cfg.ckpt_path)
     if cfg.get("resume"):
         path = run_dir / "checkpoints" / "last.ckpt"
         if path.is_file():
             return path
         log.warning("resume=true but %s does not exist: starting a new run", path)
     return None
+
+
+def existing_ckpt_path(path: str | Path) -> Path:
+    """``ckpt_path`` as a Path, or a :class:`ConfigError` naming it when there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={path} does not exist; give an existing .ckpt file or drop ckpt_path")
+    return path
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

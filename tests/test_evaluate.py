@@ -73,6 +73,12 @@ def test_evaluate_with_ckpt_path_plays_the_checkpoints_weights_in_a_run_of_its_o
 def test_evaluate_refuses_a_missing_checkpoint_or_the_checkpoints_own_folder(tmp_path):
     with pytest.raises(ConfigError, match="ckpt_path=.*does not exist"):
         evaluate(_compose(f"run_dir={tmp_path / 'eval'}", f"ckpt_path={tmp_path / 'nope.ckpt'}"))
+    with pytest.raises(ConfigError, match="resume=true: progpo.evaluate resumes nothing"):
+        evaluate(_compose(f"run_dir={tmp_path / 'eval'}", "resume=true"))
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="empty.ckpt cannot be read"):
+        evaluate(_compose(f"run_dir={tmp_path / 'eval'}", f"ckpt_path={tmp_path / 'empty.ckpt'}"))
+    assert not (tmp_path / "eval").exists()  # refused before anything was written
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
     torch.save({"state_dict": {}}, ckpt)
