@@ -63,7 +63,9 @@ def test_env_webshop_picks_its_own_warm_start_and_the_command_line_still_wins():
     assert (laptop.rollout.tasks_per_batch, laptop.rollout.group_size) == (16, 8)  # the ALFWorld default's batch
     assert laptop.eval.episodes_per_task == 3 and shop.eval.episodes_per_task == 1
     assert (laptop.warm_start.n_episodes, laptop.warm_start.epochs, laptop.warm_start.seed) == (400, 3, 0)
-    assert laptop.warm_start.focus_episodes == 1600 and list(laptop.warm_start.focus_pages) == ["item"]
+    assert laptop.warm_start.focus_episodes == 6000 and list(laptop.warm_start.focus_pages) == ["item"]
+    assert (laptop.warm_start.focus_epochs, laptop.warm_start.focus_replay_episodes) == (1, 300)
+    assert laptop.env.n_train == 8000 and laptop.model.bracket_words and laptop.optim.lr == 5e-5
     assert shop.warm_start.focus_episodes == 0 and alfworld.warm_start.focus_episodes == 0
-    # the experiment's focus episodes (tasks 400..1999) are training goals, none of them held out
+    # the experiment's focus episodes (training tasks 400..6399) are training goals, none of them held out
     assert laptop.warm_start.n_episodes + laptop.warm_start.focus_episodes <= laptop.env.n_train
