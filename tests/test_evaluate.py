@@ -9,6 +9,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from lightning.pytorch import Callback
+from moved_weights import moved_state_dict
 
 from progpo.config import ConfigError
 from progpo.evaluate import evaluate
@@ -45,12 +46,8 @@ def test_evaluate_with_ckpt_path_plays_the_checkpoints_weights_in_a_run_of_its_o
     # A checkpoint as Lightning saves the module, with every weight moved away from the warm start's.
     run = build(_compose(f"run_dir={tmp_path / 'train'}"))
     try:
-        g = torch.Generator().manual_seed(0)
-        state = run.module.state_dict()
-        noise = {}  # one draw per tensor: the tied embedding and lm_head are one
-        for v in state.values():
-            noise.setdefault(v.data_ptr(), 0.01 * torch.randn(v.shape, generator=g))
-        moved = {k: v.detach() + noise[v.data_ptr()] for k, v in state.items()}
+        moved = moved_state_dict(run.module.actor, scale=0.01, prefix="actor.")
+        assert set(moved) == set(run.module.state_dict())  # what Lightning saves of the module
     finally:
         run.collector.close()
         run.engine.close()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from moved_weights import moved_state_dict
 from omegaconf import OmegaConf
 
 from progpo.runs import load_run_weights
@@ -22,12 +23,7 @@ def test_load_run_weights_puts_the_checkpoints_actor_weights_into_the_policy_tha
     run = build(cfg)
     try:
         actor = run.module.actor
-        g = torch.Generator().manual_seed(0)
-        noise = {}  # one draw per tensor: the tied embedding and lm_head are one
-        for v in actor.state_dict().values():
-            if v.data_ptr() not in noise:
-                noise[v.data_ptr()] = torch.randn(v.shape, generator=g)
-        moved = {f"actor.{k}": v.detach() + noise[v.data_ptr()] for k, v in actor.state_dict().items()}
+        moved = moved_state_dict(actor, scale=1.0, prefix="actor.")
         assert set(moved) == set(run.module.state_dict())  # what Lightning saves of the module
         ckpt = tmp_path / "rl.ckpt"
         torch.save({"state_dict": moved}, ckpt)
