@@ -99,3 +99,16 @@ def tasks_fingerprint(tasks: list[Task]) -> str:
     for task in tasks:
         h.update(task.task_id.encode("utf-8") + b"\0")
     return h.hexdigest()[:16]
+
+
+def not_replayable(suite_factory):
+    """Mark an env suite factory whose episodes cannot be restored by replaying their actions (a live server whose
+    state or catalogue can change between episodes): ``progpo.fidelity`` measures advantages by such replays and
+    refuses it. Every other env must be deterministic given its task and actions."""
+    suite_factory.replayable = False
+    return suite_factory
+
+
+def is_replayable(suite_factory) -> bool:
+    """Whether the env built by ``suite_factory`` (a ``conf/env`` ``_target_``) replays deterministically."""
+    return bool(getattr(suite_factory, "replayable", True))

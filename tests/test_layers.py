@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
 
 
 # Entry points at the top of the house (``python -m progpo.<name>``): they may import any layer.
-ENTRY_POINTS = {"progpo.sweep", "progpo.report"}
+ENTRY_POINTS = {"progpo.sweep", "progpo.report", "progpo.fidelity"}
 
 
 def _package(module: str) -> str | None:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from envs.base import SUCCESS_REWARD, EnvSuite, Observation, StepInfo, Task, tasks_fingerprint
+from envs.base import SUCCESS_REWARD, EnvSuite, Observation, StepInfo, Task, not_replayable, tasks_fingerprint
 from envs.webshop.actions import admissible_actions, resolve_action
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,7 @@ def real_tasks(
     return tasks[:n_eval], train
 
 
+@not_replayable  # a live server: progpo.fidelity cannot restore its states by replay
 def make_real_suite(
     webshop_root: str | None = None,
     num_products: int | None = None,

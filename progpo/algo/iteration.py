@@ -20,7 +20,7 @@ from progpo import dist
 from progpo.algo.credit import batch_credit
 from progpo.algo.metrics import batch_episode_metrics, iteration_metrics, sampler_mismatch
 from progpo.algo.ppo import ppo_update, updated_steps
-from progpo.algo.scoring import reference_logprobs, score_turns
+from progpo.algo.scoring import ScoredTurns, reference_logprobs, score_turns
 from progpo.config import PPOConfig
 from progpo.credit import CreditResult, StepBatch
 from progpo.types import RolloutBatch, Turn
@@ -123,12 +123,11 @@ class RLIteration:
         # 2. Score with the same weights: old log-probs and state embeddings (reused from the HF engine's sampling
         #    unless ppo.recompute_old_logprobs).
         started = time.perf_counter()
-        scored = score_turns(self.actor, None, batch.turns, self.pad_token_id, self.ppo.micro_batch_size,
-                             recompute_old=self.ppo.recompute_old_logprobs)
+        scored, steps = self.score(batch)
         score_s = time.perf_counter() - started
         # 3. Credit: one advantage per step, computed over the steps of all ranks.
         started = time.perf_counter()
-        credit = batch_credit(self.credit, step_batch(batch.turns, scored.embeddings))
+        credit = batch_credit(self.credit, steps)
         credit_s = time.perf_counter() - started
         advantages = credit.advantage.to(torch.float32)
         # 3b. Reference log-probs, for the KL of the steps the update trains on only.
@@ -154,6 +153,13 @@ class RLIteration:
             {"score": score_s, "credit": credit_s, "update": update_s, "sync": sync_s},
         )
         return IterationResult(iterations_done + 1, metrics, batch, credit)
+
+    def score(self, batch: RolloutBatch) -> tuple[ScoredTurns, StepBatch]:
+        """Old log-probs and state embeddings of ``batch`` with the current weights, and the credit estimators' view
+        of it (``StepBatch``): what every estimator sees in training (``progpo.fidelity`` scores them on it)."""
+        scored = score_turns(self.actor, None, batch.turns, self.pad_token_id, self.ppo.micro_batch_size,
+                             recompute_old=self.ppo.recompute_old_logprobs)
+        return scored, step_batch(batch.turns, scored.embeddings)
 
     def evaluate(self, tasks: IterationTasks) -> EvalResult:
         """``eval_episodes_per_task`` episodes per held-out task (one when greedy, ``eval_temperature=0``), sampled

@@ -1,6 +1,12 @@
 """Experiment tracking in MLflow: the trainer's logger and helpers for tables, figures and checkpoints."""
 
-from progpo.tracking.artifacts import log_checkpoint, log_figure, log_trajectories, trajectory_frame
+from progpo.tracking.artifacts import (
+    log_checkpoint,
+    log_figure,
+    log_files,
+    log_trajectories,
+    trajectory_frame,
+)
 from progpo.tracking.mlflow_logger import (
     EXPERIMENT_KIND_TAG,
     KIND_TAG,
@@ -31,6 +37,7 @@ __all__ = [
     "git_info",
     "log_checkpoint",
     "log_figure",
+    "log_files",
     "log_trajectories",
     "make_logger",
     "process_is_gone",

@@ -117,3 +117,12 @@ def log_checkpoint(logger: Any, path: str | Path, iteration: int | None = None) 
         tags["checkpoint_iteration"] = str(iteration)
     for key, value in tags.items():
         call(logger.experiment.set_tag, logger.run_id, key, value)
+
+
+def log_files(logger: Any, paths: Sequence[str | Path], artifact_dir: str | None = None) -> None:
+    """Attach files (a report, a table, a data file) to the logger's run under ``artifact_dir``."""
+    call = _mlflow_call(logger, "log artifact")
+    if call is None:
+        return
+    for path in paths:
+        call(logger.experiment.log_artifact, logger.run_id, str(path), artifact_dir)

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-KIND_TAG = "progpo.kind"  # "train" for training runs, "report" for the report run of an experiment
+KIND_TAG = "progpo.kind"  # "train" for training runs, "fidelity" for credit-fidelity measurements, "report" for the report run of an experiment
 # The experiment tag by which MLflow's UI tells a classic ML experiment (runs table) from a GenAI app (overview,
 # traces): values genai_development | custom_model_development (mlflow/server/js). MLflow 3.17.2's experiment page
 # does not read it, though: it follows the browser's "GenAI | Model training" switch (default GenAI) or the URL

@@ -1,0 +1,197 @@
+"""The Monte-Carlo truth of a batch's advantages, and the file that keeps it.
+
+For a measured step ``t`` of a recorded trajectory, the true advantage under the sampling policy is
+``A(s_t, a_t) = Q(s_t, a_t) - V(s_t)``. Both are estimated by continuations played through the collector: each
+restores ``s_t`` in a fresh env of the same task by replaying the recorded actions (every replayed observation and
+reward checked against the record), then
+- ``Q``: takes the recorded ``a_t`` and samples with the policy to the episode's end or step limit;
+- ``V``: samples a fresh action at ``s_t`` and goes on alike.
+The return is the one the estimators target: ``sum_{u >= t} gamma^(u-t) r_u`` with the env's rewards.
+``A_hat = mean(Q returns) - mean(V returns)``, its standard error from the two sample variances.
+A step whose replay diverges from its record in any continuation is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from progpo.credit import StepBatch
+from progpo.rollout.collector import ContinuationBatch, ContinuedEpisode, EpisodeStart
+from progpo.types import Episode, Turn
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class FidelityTruth:
+    """One batch with the Monte-Carlo truth of some of its steps: everything scoring needs, and nothing more.
+
+    Batch arrays (``[n]``, the order of the batch's turns): ``group``, ``traj``, ``t``, ``obs``, ``reward``,
+    ``embedding`` (``[n, d]`` or None), ``won`` (the step's trajectory was won). Measured steps (``[s]``):
+    ``steps`` (indices into the batch), ``q_returns`` / ``v_returns`` (``[s, c]`` continuation returns),
+    ``a_hat`` and ``se``. ``meta``: what was measured (env, model, seed, checkpoint, gamma, counts, timings).
+    """
+
+    group: np.ndarray
+    traj: np.ndarray
+    t: np.ndarray
+    obs: np.ndarray
+    reward: np.ndarray
+    embedding: np.ndarray | None
+    won: np.ndarray
+    steps: np.ndarray
+    q_returns: np.ndarray
+    v_returns: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def a_hat(self) -> np.ndarray:
+        return self.q_returns.mean(axis=1) - self.v_returns.mean(axis=1)
+
+    @property
+    def se(self) -> np.ndarray:
+        return np.sqrt(self.q_returns.var(axis=1, ddof=1) / self.q_returns.shape[1]
+                       + self.v_returns.var(axis=1, ddof=1) / self.v_returns.shape[1])
+
+    def step_batch(self) -> StepBatch:
+        """The estimators' view of the batch, as training built it."""
+        return StepBatch(
+            group=torch.from_numpy(self.group), traj=torch.from_numpy(self.traj), t=torch.from_numpy(self.t),
+            obs=torch.from_numpy(self.obs), reward=torch.from_numpy(self.reward),
+            embedding=torch.from_numpy(self.embedding) if self.embedding is not None else None,
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """A ``.npz`` file (no pickle), written atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {name: getattr(self, name) for name in ("group", "traj", "t", "obs", "reward", "won", "steps",
+                                                        "q_returns", "v_returns")}
+        if self.embedding is not None:
+            arrays["embedding"] = self.embedding
+        meta = json.dumps({**self.meta, "format_version": FORMAT_VERSION})
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as handle:
+            np.savez_compressed(handle, meta=np.array(meta), **arrays)
+        partial.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> FidelityTruth:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no fidelity truth file at {path} (python -m progpo.fidelity writes one, "
+                                    f"fidelity.save=...)")
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            if meta.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"{path}: fidelity truth format {meta.get('format_version')}, this progpo reads "
+                                 f"{FORMAT_VERSION}; measure it again with python -m progpo.fidelity")
+            return cls(**{name: data[name] for name in ("group", "traj", "t", "obs", "reward", "won", "steps",
+                                                          "q_returns", "v_returns")},
+                       embedding=data["embedding"] if "embedding" in data else None, meta=meta)
+
+
+def discounted_return(rewards: Sequence[float], start: int, gamma: float) -> float:
+    """``sum_{u >= start} gamma^(u-start) r_u``."""
+    tail = np.asarray(rewards[start:], dtype=np.float64)
+    return float((tail * gamma ** np.arange(len(tail))).sum())
+
+
+def continuation_starts(turns: list[Turn], episodes: list[Episode], step: int, continuations: int
+                        ) -> tuple[list[EpisodeStart], list[EpisodeStart]]:
+    """The ``Q`` starts (replay ``a_0..a_t``) and ``V`` starts (replay ``a_0..a_{t-1}``) of ``turns[step]``."""
+    turn = turns[step]
+    own = sorted((x for x in turns if x.traj == turn.traj), key=lambda x: x.t)
+    task = next(e.task for e in episodes if e.traj == turn.traj)
+    before = own[: turn.t]
+    obs_through_t = tuple(x.obs_id for x in own[: turn.t + 1])
+    v_start = EpisodeStart(task, tuple(x.action for x in before), obs_through_t, tuple(x.reward for x in before))
+    after = own[: turn.t + 1]
+    next_obs = (own[turn.t + 1].obs_id,) if turn.t + 1 < len(own) else ()
+    q_start = EpisodeStart(task, tuple(x.action for x in after), obs_through_t + next_obs,
+                           tuple(x.reward for x in after))
+    return [q_start] * continuations, [v_start] * continuations
+
+
+@dataclass
+class ContinuationTiming:
+    """Where the measurement's time went (seconds, summed over chunks), and how much was played."""
+
+    replay_s: float = 0.0
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    replay_steps: int = 0
+    env_steps: int = 0
+    generated_tokens: int = 0
+    episodes: int = 0  # continuations played (a chunk's padding not counted; its time is)
+
+    def add(self, part: ContinuationBatch, episodes: int) -> None:
+        self.replay_s += part.replay_seconds
+        self.generate_s += part.generate_seconds
+        self.env_s += part.env_seconds
+        self.replay_steps += part.replay_steps
+        self.env_steps += part.env_steps
+        self.generated_tokens += part.generated_tokens
+        self.episodes += episodes
+
+
+def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing: ContinuationTiming
+                       ) -> list[ContinuedEpisode]:
+    """All ``starts`` through ``collector.continue_from``, ``chunk`` envs at a time (chunks of equal size, so the
+    collector builds one env pool for them), with a progress bar over episodes."""
+    n_chunks = -(-len(starts) // chunk)
+    size = -(-len(starts) // n_chunks)
+    played: list[ContinuedEpisode] = []
+    with tqdm(total=len(starts), desc="continuations", unit="ep", mininterval=5) as bar:
+        for first in range(0, len(starts), size):
+            part = starts[first : first + size]
+            padded = part + [part[-1]] * (size - len(part))  # the last chunk reuses the pool (extra runs dropped)
+            batch = collector.continue_from(padded)
+            timing.add(batch, len(part))
+            played.extend(batch.episodes[: len(part)])
+            bar.update(len(part))
+    return played
+
+
+def measure_truth(collector, turns: list[Turn], episodes: list[Episode], steps: np.ndarray, continuations: int,
+                  gamma: float, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ContinuationTiming]:
+    """Q and V continuation returns of ``turns[steps]`` (``[s, c]`` each) and the mask of steps kept (every
+    replay of the step matched its record)."""
+    q_starts: list[EpisodeStart] = []
+    v_starts: list[EpisodeStart] = []
+    for step in steps:
+        q, v = continuation_starts(turns, episodes, int(step), continuations)
+        q_starts += q
+        v_starts += v
+    timing = ContinuationTiming()
+    played = play_continuations(collector, q_starts + v_starts, chunk, timing)
+    s = len(steps)
+    q_played, v_played = played[: s * continuations], played[s * continuations :]
+    q_returns = np.zeros((s, continuations))
+    v_returns = np.zeros((s, continuations))
+    kept = np.ones(s, dtype=bool)
+    for k, step in enumerate(steps):
+        t = turns[int(step)].t
+        for c in range(continuations):
+            for returns, episode in ((q_returns, q_played[k * continuations + c]),
+                                     (v_returns, v_played[k * continuations + c])):
+                if episode.diverged_at is not None or episode.error:
+                    kept[k] = False
+                else:
+                    returns[k, c] = discounted_return(episode.rewards, t, gamma)
+    if not kept.all():
+        log.warning("%d of %d measured steps dropped: a replay of their prefix differed from the record",
+                    int((~kept).sum()), s)
+    return q_returns, v_returns, kept, timing
