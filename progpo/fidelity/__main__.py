@@ -13,41 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from progpo.config import ConfigError
 from progpo.fidelity.measure import measure
-from progpo.tracking.mlflow_logger import KIND_TAG
 
 log = logging.getLogger(__name__)
-
-
-def fidelity_run_name(run_name: str | None, env: str, model: str, seed: int, ckpt_path: str | None) -> str:
-    """``run_name``, else ``fidelity-<env>-<model>-seed<seed>``, with ``-<run>-<checkpoint>`` for a checkpoint."""
-    if run_name:
-        return str(run_name)
-    name = f"fidelity-{env}-{model}-seed{seed}"
-    if ckpt_path:
-        path = Path(str(ckpt_path))
-        name += f"-{path.parent.parent.name}-{path.stem}"
-    return name
-
-
-OmegaConf.register_new_resolver("progpo.fidelity_name", fidelity_run_name, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="fidelity")
 def main(cfg: DictConfig) -> float | None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from hydra.core.hydra_config import HydraConfig
-
-    with open_dict(cfg):
-        cfg.run_name = Path(HydraConfig.get().runtime.output_dir).name
-        if "tags" in cfg.logger:
-            cfg.logger.tags = {**OmegaConf.to_container(cfg.logger.tags), KIND_TAG: "fidelity"}
     try:
         result = measure(cfg)
     except ConfigError as err:

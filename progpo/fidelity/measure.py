@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 from hydra.utils import get_object
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from envs.base import is_replayable
 from progpo.config import ConfigError
-from progpo.fidelity.config import FidelityConfig, build_estimators
+from progpo.fidelity.config import FidelityConfig, build_estimators, fidelity_run_name
 from progpo.fidelity.scoring import Scores, noise_floor, score
 from progpo.fidelity.selection import SLICES, step_features, stratified_sample
 from progpo.fidelity.truth import FidelityTruth, measure_truth
+from progpo.runs import resolve_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def measure(cfg: DictConfig) -> FidelityResult:
     from progpo.train import build
 
     spec = take_fidelity_config(cfg)
+    _name_run(cfg)
     if spec.truth is not None:
         truth = FidelityTruth.load(spec.truth)
         result = score_truth(truth, build_estimators(spec.estimators, cfg), spec.bootstrap, spec.seed)
@@ -159,6 +161,24 @@ def _measure_built(run, spec: FidelityConfig, iteration: int, checkpoint: Path |
     timing["scoring_s"] = time.perf_counter() - started
     result.timing = timing
     return result
+
+
+def _name_run(cfg: DictConfig) -> None:
+    """Name the run and its folder (``outputs/fidelity/<name>``, the Hydra run dir of ``conf/fidelity.yaml``), and
+    tag the logger's run ``progpo.kind=fidelity`` so reports tell it from training runs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from progpo.tracking.mlflow_logger import KIND_TAG
+
+    with open_dict(cfg):
+        if not cfg.get("run_dir") and not HydraConfig.initialized():
+            env = str(cfg.env._target_).split(".")[1]
+            name = fidelity_run_name(cfg.get("run_name"), f"{env}-{cfg.model.name}-seed{cfg.seed}", cfg.get("ckpt_path"))
+            cfg.run_dir = str(Path("outputs") / "fidelity" / name)
+        if not cfg.get("run_name"):
+            cfg.run_name = resolve_run_dir(cfg).name
+        if "tags" in cfg.logger:
+            cfg.logger.tags = {**OmegaConf.to_container(cfg.logger.tags), KIND_TAG: "fidelity"}
 
 
 def _checkpoint_to_measure(cfg: DictConfig) -> Path | None:

@@ -128,4 +128,5 @@ def noise_floor(hat: np.ndarray, se: np.ndarray, draws: int = 200, seed: int = 0
     truth = centre + shrink * (hat - centre)
     noisy = truth + np.random.default_rng(seed).standard_normal((draws, len(hat))) * se
     rows = metric_rows(np.broadcast_to(truth, noisy.shape), noisy, np.broadcast_to(se, noisy.shape))
-    return {m: float(np.nanmean(rows[m])) for m in METRICS}
+    return {m: float(np.mean(finite)) if (finite := rows[m][np.isfinite(rows[m])]).size else float("nan")
+            for m in METRICS}
