@@ -7,7 +7,7 @@ re-scoring any estimator against it (``score_truth``, the fidelity sweep) costs 
 """
 
 from progpo.fidelity.config import FidelityConfig, build_estimators, estimator_node
-from progpo.fidelity.measure import FidelityResult, measure, score_truth
+from progpo.fidelity.measure import FidelityResult, measure, point_metrics, score_truth
 from progpo.fidelity.scoring import METRICS, Interval, Scores, noise_floor, score
 from progpo.fidelity.truth import FidelityTruth
 
@@ -22,6 +22,7 @@ __all__ = [
     "estimator_node",
     "measure",
     "noise_floor",
+    "point_metrics",
     "score",
     "score_truth",
 ]

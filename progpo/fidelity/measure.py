@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from envs.base import is_replayable
 from progpo.config import ConfigError
+from progpo.credit import StepBatch
 from progpo.fidelity.config import FidelityConfig, build_estimators, fidelity_run_name
-from progpo.fidelity.scoring import Scores, noise_floor, score
+from progpo.fidelity.scoring import METRICS, Scores, metric_rows, noise_floor, score
 from progpo.fidelity.selection import SLICES, step_features, stratified_sample
 from progpo.fidelity.truth import FidelityTruth, measure_truth
 from progpo.runs import resolve_run_dir
@@ -55,6 +56,14 @@ def score_truth(truth: FidelityTruth, estimators: dict[str, Any], bootstrap: int
             slices[name] = score({k: v[mask] for k, v in estimates.items()}, a_hat[mask], se[mask], bootstrap, seed)
     return FidelityResult(truth, estimates, score(estimates, a_hat, se, bootstrap, seed), slices,
                           noise_floor(a_hat, se, seed=seed))
+
+
+def point_metrics(truth: FidelityTruth, estimator: Any, batch: StepBatch | None = None) -> dict[str, float]:
+    """One estimator's metrics on the truth's measured steps, without intervals: a sweep trial's objective
+    (milliseconds). ``batch``: ``truth.step_batch()`` built once by a caller that scores many estimators."""
+    est = estimator(batch if batch is not None else truth.step_batch()).advantage.double().cpu().numpy()
+    rows = metric_rows(est[truth.steps], truth.a_hat, truth.se)
+    return {m: float(rows[m]) for m in METRICS}
 
 
 def take_fidelity_config(cfg: DictConfig) -> FidelityConfig:

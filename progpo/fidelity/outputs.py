@@ -194,8 +194,13 @@ def write_outputs(result, out_dir: Path, logger: Any) -> None:
         _write_csv(out_dir / "fidelity_pairs.csv", pairs)
     made = figures(result, out_dir)
     if logger is not None:
+        meta = result.truth.meta
+        if hasattr(logger, "set_tags"):
+            logger.set_tags({"fidelity.policy": meta.get("checkpoint") or "as built",
+                             "fidelity.iteration": meta.get("iteration"), "fidelity.steps": len(result.truth.steps),
+                             "fidelity.continuations": meta.get("continuations")})
         logger.log_metrics(metrics_for_logger(result), step=0)
-        log_files(logger, [out_dir / f for f in FILES[:3] if (out_dir / f).is_file()], "fidelity")
+        log_files(logger, [out_dir / f for f in (*FILES[:3], "truth.npz") if (out_dir / f).is_file()], "fidelity")
         for fig, name in made:
             log_figure(logger, fig, name)
     for fig, _ in made:
