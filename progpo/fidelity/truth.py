@@ -149,20 +149,26 @@ class ContinuationTiming:
 
 def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing: ContinuationTiming
                        ) -> list[ContinuedEpisode]:
-    """All ``starts`` through ``collector.continue_from``, ``chunk`` envs at a time (chunks of equal size, so the
-    collector builds one env pool for them), with a progress bar over episodes."""
+    """All ``starts`` through ``collector.continue_from``, ``chunk`` envs at a time, with a progress bar; the
+    episodes come back in the order of ``starts``.
+
+    Starts are played sorted by task, so that an env mostly resets to the game it already holds (an ALFWorld env
+    keeps its loaded game between episodes), and in chunks of equal size, so the collector builds one env pool.
+    """
+    order = sorted(range(len(starts)), key=lambda i: (starts[i].task.task_id, len(starts[i].actions), i))
     n_chunks = -(-len(starts) // chunk)
     size = -(-len(starts) // n_chunks)
-    played: list[ContinuedEpisode] = []
+    played: list[ContinuedEpisode | None] = [None] * len(starts)
     with tqdm(total=len(starts), desc="continuations", unit="ep", mininterval=5) as bar:
-        for first in range(0, len(starts), size):
-            part = starts[first : first + size]
+        for first in range(0, len(order), size):
+            part = order[first : first + size]
             padded = part + [part[-1]] * (size - len(part))  # the last chunk reuses the pool (extra runs dropped)
-            batch = collector.continue_from(padded)
+            batch = collector.continue_from([starts[i] for i in padded])
             timing.add(batch, len(part))
-            played.extend(batch.episodes[: len(part)])
+            for i, episode in zip(part, batch.episodes):
+                played[i] = episode
             bar.update(len(part))
-    return played
+    return played  # type: ignore[return-value]
 
 
 def measure_truth(collector, turns: list[Turn], episodes: list[Episode], steps: np.ndarray, continuations: int,
