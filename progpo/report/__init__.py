@@ -20,14 +20,26 @@ in the experiment (tag ``progpo.kind=report``; re-running the report overwrites 
   transition-only faint), raw with markers otherwise (Figure 5);
 - ``fig4_ablation_<env>.png``, ``fig5_ablation_<env>.png``: the same for the ablation variants, when the experiment
   holds both method runs and ablation runs.
+- ``table4_fidelity.md/.csv``: credit fidelity (Table 4), from the experiment's ``python -m progpo.fidelity`` runs
+  (tag ``progpo.kind=fidelity``; Tables 1-3 and Figures 4-5 never read them): per estimator (grpo, gigpo, hgpo,
+  progpo, then the ProGPO variants) and measured policy (``fidelity.iteration``: the warm start, or a checkpoint
+  after N iterations), the Spearman correlation and the sign agreement with the Monte-Carlo advantage, as mean ±
+  sample std over seeds [95% t-interval over seeds] and n seeds, and the noise floor (what an exact estimator would
+  score given the measurement noise); a seed measured twice at one policy counts once (its latest run);
+  ``table4_fidelity_runs.csv`` one row per fidelity run x estimator with each run's point values and 95% bootstrap
+  intervals over its measured steps;
+- ``fig6_fidelity_<env>.png``: Table 4 drawn (Figure 6): mean Spearman and sign agreement per estimator, one bar
+  per measured policy, the interval over seeds, each seed as a dot, each policy's noise floor dashed.
 
-- ``runs.json``: the records behind the tables (final metrics, curves, tags): the tracking store is local and
+- ``runs.json``: the records behind the tables (final metrics, curves, tags; the fidelity runs' tags and
+  ``fidelity/*`` metrics under ``fidelity``): the tracking store is local and
   git-ignored, so ``--records <folder>/runs.json`` rebuilds a committed report on any clone, and adds its runs to
   the store's (a run in both counts once) when new seeds are trained; ``report.md`` names the machines (tag
   ``machine``) the runs came from and warns when they differ.
 
 Runs are grouped by ``method`` (the credit choice) plus ``[ablation]`` when set, and by ``env``; seeds are the runs
-of a group. Only FINISHED runs count unless ``--all-runs``; the report says how many it left out and in which state.
+of a group (Table 4: by ``env``, estimator and measured policy). Only FINISHED runs count unless ``--all-runs``; the
+report says how many it left out and in which state.
 A RUNNING run whose process is gone (tag ``progpo.process``: same host, that process no longer runs; e.g. killed
 with SIGKILL) is marked KILLED first. ``--group`` keeps the runs of one multirun or study.
 
@@ -35,7 +47,13 @@ The package: ``records`` (reading the runs), ``archive`` (``runs.json``), ``tabl
 (``main``).
 """
 
-from progpo.report.archive import ARCHIVE_NAME, load_archive, merge_records, save_archive
+from progpo.report.archive import (
+    ARCHIVE_NAME,
+    load_archive,
+    load_fidelity_archive,
+    merge_records,
+    save_archive,
+)
 from progpo.report.cli import main
 from progpo.report.driver import ReportFiles, attach_to_mlflow, make_report, write_report
 from progpo.report.figures import (
@@ -46,6 +64,7 @@ from progpo.report.figures import (
     SeedCurve,
     credit_figure,
     ema,
+    fidelity_figure,
     is_dense,
     mean_curve,
     seed_curve,
@@ -57,25 +76,43 @@ from progpo.report.records import (
     CURVE_KEYS,
     LEFT_OUT_WHY,
     METHOD_ORDER,
+    FidelityRecord,
     RunRecord,
     describe_left_out,
+    load_fidelity_runs,
     load_runs,
 )
-from progpo.report.tables import CELL_NOTE, Cell, credit_table, final_table, t975, to_csv, to_markdown
+from progpo.report.tables import (
+    CELL_NOTE,
+    FIDELITY_METRICS,
+    NOISE_FLOOR,
+    Cell,
+    PolicyColumn,
+    credit_table,
+    fidelity_table,
+    final_table,
+    t975,
+    to_csv,
+    to_markdown,
+)
 
 __all__ = [
-    "ARCHIVE_NAME",
     "ABLATION_COLOURS",
     "ABLATION_ORDER",
+    "ARCHIVE_NAME",
     "CELL_NOTE",
     "CREDIT_KEYS",
     "CURVE_KEYS",
     "DENSE_MIN_POINTS",
     "EMA_DECAY",
+    "FIDELITY_METRICS",
     "LEFT_OUT_WHY",
     "METHOD_COLOURS",
     "METHOD_ORDER",
+    "NOISE_FLOOR",
     "Cell",
+    "FidelityRecord",
+    "PolicyColumn",
     "ReportFiles",
     "RunRecord",
     "SeedCurve",
@@ -84,9 +121,13 @@ __all__ = [
     "credit_table",
     "describe_left_out",
     "ema",
+    "fidelity_figure",
+    "fidelity_table",
     "final_table",
     "is_dense",
     "load_archive",
+    "load_fidelity_archive",
+    "load_fidelity_runs",
     "load_runs",
     "main",
     "make_report",

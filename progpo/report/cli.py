@@ -36,7 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", error)
         return 2
     print((files.out_dir / "report.md").read_text())  # noqa: T201 - CLI output
+    fidelity = (f"; {files.n_fidelity_runs} fidelity run(s) (Table 4), {describe_left_out(files.fidelity_left_out)}"
+                if files.n_fidelity_runs or files.fidelity_left_out else "")
     print(f"wrote {len(files.tables)} tables and {len(files.figures)} figures to {files.out_dir} from "  # noqa: T201
-          f"{files.n_runs} FINISHED run(s); {describe_left_out(files.left_out)}"
+          f"{files.n_runs} FINISHED run(s); {describe_left_out(files.left_out)}{fidelity}"
           + (f"; MLflow report run {files.report_run_id}" if files.report_run_id else ""))
     return 0

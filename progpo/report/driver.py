@@ -8,11 +8,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from progpo.report.archive import ARCHIVE_NAME, load_archive, merge_records, save_archive
-from progpo.report.figures import credit_figure, success_figure
-from progpo.report.records import RunRecord, UnknownExperiment, describe_left_out, load_runs
+from progpo.report.archive import (
+    ARCHIVE_NAME,
+    load_archive,
+    load_fidelity_archive,
+    merge_records,
+    save_archive,
+)
+from progpo.report.figures import credit_figure, fidelity_figure, success_figure
+from progpo.report.records import (
+    FidelityRecord,
+    RunRecord,
+    UnknownExperiment,
+    describe_left_out,
+    load_fidelity_runs,
+    load_runs,
+)
 from progpo.report.tables import (
+    FIDELITY_NOTE,
     credit_table,
+    fidelity_csv,
+    fidelity_markdown,
+    fidelity_runs_csv,
+    fidelity_table,
     final_table,
     seed_csv,
     seed_markdown,
@@ -33,30 +51,46 @@ class ReportFiles:
     n_runs: int
     report_run_id: str | None
     left_out: dict[str, int] = field(default_factory=dict)  # training runs not in the report, by MLflow status
+    n_fidelity_runs: int = 0  # credit-fidelity runs (Table 4)
+    fidelity_left_out: dict[str, int] = field(default_factory=dict)  # fidelity runs not in the report, by status
 
 
-def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str) -> tuple[list[Path], list[Path]]:
-    """Write tables (Markdown + CSV), figures (PNG) and the records themselves (``runs.json``) into ``out_dir``."""
+def write_report(records: Sequence[RunRecord], out_dir: Path, experiment: str,
+                 fidelity: Sequence[FidelityRecord] = (), fidelity_left_out: dict[str, int] | None = None
+                 ) -> tuple[list[Path], list[Path]]:
+    """Write tables (Markdown + CSV), figures (PNG) and the records themselves (``runs.json``) into ``out_dir``:
+    Tables 1-3 and Figures 4-5 from the training runs ``records``, Table 4 and Figure 6 from the credit-fidelity
+    runs ``fidelity`` (each set only when there are such runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    counts = f"{len(records)} runs" + (f" and {len(fidelity)} credit-fidelity runs (Table 4)" if fidelity else "")
     sections = [f"# Report: MLflow experiment `{experiment}`", "",
-                f"{len(records)} runs; cells are mean ± sample std over seeds [95% t-interval of the mean over "
-                "seeds], in percent.", "", machines_line(records), ""]
-    tables = _write_tables(_table_specs(records), out_dir, sections)
-    tables += _write_seed_table(records, out_dir, sections)
-    figures = _write_figures(records, out_dir, sections)
+                f"{counts}; cells are mean ± sample std over seeds [95% t-interval of the mean over "
+                "seeds], in percent" + (" (Table 4: as fractions)" if fidelity else "") + ".", "",
+                machines_line([*records, *fidelity]), ""]
+    tables: list[Path] = []
+    figures: list[Path] = []
+    if records:
+        tables += _write_tables(_table_specs(records), out_dir, sections)
+        tables += _write_seed_table(records, out_dir, sections)
+    if fidelity:
+        tables += _write_fidelity_table(fidelity, fidelity_left_out or {}, out_dir, sections)
+    if records:
+        figures += _write_figures(records, out_dir, sections)
+    if fidelity:
+        figures += _write_fidelity_figures(fidelity, out_dir, sections)
     sections.append(f"The runs behind these tables: [`{ARCHIVE_NAME}`]({ARCHIVE_NAME}) (rebuild with `python -m "
                     f"progpo.report --experiment {experiment} --records <this folder>/{ARCHIVE_NAME}`).\n")
     (out_dir / "report.md").write_text("\n".join(sections))
     tables.insert(0, out_dir / "report.md")
-    tables.append(save_archive(out_dir / ARCHIVE_NAME, experiment, records))
+    tables.append(save_archive(out_dir / ARCHIVE_NAME, experiment, records, fidelity))
     return tables, figures
 
 
-def machines_line(records: Sequence[RunRecord]) -> str:
+def machines_line(records: Sequence[RunRecord | FidelityRecord]) -> str:
     """Which machines the runs ran on (tag ``machine``): runs of different CPUs are not like for like."""
     counts: dict[str, int] = {}
     for record in records:
@@ -158,6 +192,38 @@ def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[s
     return figures
 
 
+def _write_fidelity_table(fidelity: Sequence[FidelityRecord], left_out: dict[str, int], out_dir: Path,
+                          sections: list[str]) -> list[Path]:
+    """Table 4 (``table4_fidelity.md/.csv``) and every run's values with their bootstrap intervals
+    (``table4_fidelity_runs.csv``); the Markdown is appended to ``sections``."""
+    columns, rows = fidelity_table(fidelity)
+    markdown = fidelity_markdown("Table 4: credit fidelity (estimated against Monte-Carlo advantages)",
+                                 FIDELITY_NOTE, columns, rows)
+    paths = [out_dir / "table4_fidelity.md", out_dir / "table4_fidelity.csv", out_dir / "table4_fidelity_runs.csv"]
+    paths[0].write_text(markdown)
+    fidelity_csv(paths[1], columns, rows)
+    fidelity_runs_csv(paths[2], fidelity)
+    sections.append(markdown)
+    if left_out:  # in report.md only: the table itself is what the runs (and their runs.json) rebuild
+        sections.append(f"Fidelity runs: {describe_left_out(left_out)}.\n")
+    return paths
+
+
+def _write_fidelity_figures(fidelity: Sequence[FidelityRecord], out_dir: Path, sections: list[str]) -> list[Path]:
+    """Figure 6 of every env (``fig6_fidelity_<env>.png``); a link to each is appended to ``sections``."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    for env in sorted({r.env for r in fidelity}):
+        fig = fidelity_figure(fidelity, env)
+        path = out_dir / f"fig6_fidelity_{env}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        figures.append(path)
+        sections.append(f"![fig6_fidelity {env}]({path.name})\n")
+    return figures
+
+
 def attach_to_mlflow(client: Any, experiment: str, out_dir: Path) -> str:
     """Log ``out_dir`` as artifacts of the experiment's ``report`` run (created once, then reused)."""
     found = client.get_experiment_by_name(experiment)
@@ -180,28 +246,34 @@ def make_report(
     upload: bool = True,
     archives: Sequence[str | Path] = (),
 ) -> ReportFiles:
-    """Read the experiment's runs from MLflow, add those of ``archives`` (earlier reports' ``runs.json``) that the
-    store does not hold, and write (and attach) the report. With archives, the store may lack the experiment."""
+    """Read the experiment's runs from MLflow (training runs and credit-fidelity runs), add those of ``archives``
+    (earlier reports' ``runs.json``) that the store does not hold, and write (and attach) the report. With archives,
+    the store may lack the experiment."""
     from mlflow import MlflowClient
 
     archived = [r for path in archives for r in load_archive(path, experiment)
                 if group is None or r.group == group]
+    archived_fidelity = [r for path in archives for r in load_fidelity_archive(path, experiment)
+                         if group is None or r.group == group]
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
     client = MlflowClient(uri)
     try:
         records, left_out = load_runs(client, experiment, group=group, all_runs=all_runs)
+        fidelity, fidelity_left_out = load_fidelity_runs(client, experiment, group=group, all_runs=all_runs)
     except UnknownExperiment:
         if not archives:
             raise
         records, left_out, upload = [], {}, False  # nothing of it in this store: the report is the archive's
+        fidelity, fidelity_left_out = [], {}
     records = merge_records(records, archived)
-    if not records:
+    fidelity = merge_records(fidelity, archived_fidelity)
+    if not records and not fidelity:
         raise ValueError(
             f"experiment {experiment!r} has no {'' if all_runs else 'FINISHED '}training runs"
-            f"{f' in group {group!r}' if group else ''} ({describe_left_out(left_out)})"
+            f"{f' in group {group!r}' if group else ''} nor fidelity runs ({describe_left_out(left_out)})"
         )
     out = Path(out_dir) if out_dir else Path("outputs") / "reports" / experiment
-    tables, figures = write_report(records, out, experiment)
+    tables, figures = write_report(records, out, experiment, fidelity, fidelity_left_out)
     run_id = attach_to_mlflow(client, experiment, out) if upload else None
     return ReportFiles(out_dir=out, tables=tables, figures=figures, n_runs=len(records), report_run_id=run_id,
-                       left_out=left_out)
+                       left_out=left_out, n_fidelity_runs=len(fidelity), fidelity_left_out=fidelity_left_out)

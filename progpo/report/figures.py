@@ -1,4 +1,5 @@
-"""The report's figures: success (Figure 4) and credit diagnostics (Figure 5) vs iteration.
+"""The report's figures: success (Figure 4) and credit diagnostics (Figure 5) vs iteration; credit fidelity per
+estimator and measured policy (Figure 6, Table 4 drawn).
 
 Only dense curves are EMA-smoothed (``is_dense``): a curve of a few points (held-out evaluation every few
 iterations) would be dragged toward its first values by the EMA, so such curves are drawn as they are. Held-out
@@ -14,7 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from progpo.report.records import CREDIT_KEYS, SCORE_KEYS, RunRecord, _sort_key
+from progpo.report.records import CREDIT_KEYS, SCORE_KEYS, FidelityRecord, RunRecord, _sort_key
+from progpo.report.tables import (
+    FIDELITY_METRIC_TITLES,
+    FIDELITY_METRICS,
+    NOISE_FLOOR,
+    counted_fidelity_runs,
+    fidelity_table,
+    policy_column,
+)
 
 # The paper's colours (Figure 4): ProGPO red, HGPO orange, GiGPO green, GRPO blue.
 METHOD_COLOURS = {"progpo": "tab:red", "hgpo": "tab:orange", "gigpo": "tab:green", "grpo": "tab:blue"}
@@ -159,3 +168,50 @@ def credit_figure(records: Sequence[RunRecord], env: str):
                  "points (raw transition-only faint), raw with markers otherwise", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def fidelity_figure(records: Sequence[FidelityRecord], env: str):
+    """Figure 6 (Table 4 drawn): per estimator, one bar per measured policy of the mean over seeds of Spearman (top)
+    and sign agreement (bottom) with the 95% t-interval over seeds (none for one seed), each seed's value as a dot,
+    and that policy's noise floor as a dashed line of its colour."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    env_records = [r for r in records if r.env == env]
+    columns, rows = fidelity_table(env_records)
+    bars = [row for row in rows if row["estimator"] != NOISE_FLOOR]
+    floor = next((row for row in rows if row["estimator"] == NOISE_FLOOR), None)
+    counted = {column: [r for r in counted_fidelity_runs(env_records) if policy_column(r) == column]
+               for column in columns}
+    size = (max(8.0, 4.5 + 0.65 * len(bars) * max(len(columns), 1)), 3.4 * len(FIDELITY_METRICS))
+    fig, axes = plt.subplots(len(FIDELITY_METRICS), 1, figsize=size, sharex=True, squeeze=False)
+    width = 0.8 / max(len(columns), 1)
+    x = np.arange(len(bars))
+    for ax, metric in zip(axes[:, 0], FIDELITY_METRICS):
+        for k, column in enumerate(columns):
+            colour = f"C{k}"
+            offset = x + (k - (len(columns) - 1) / 2) * width
+            cells = [row["cells"][(column, metric)] for row in bars]
+            means = [c.mean if c.n else np.nan for c in cells]
+            errors = [c.ci95 if c.ci95 is not None else 0.0 for c in cells]
+            ax.bar(offset, means, width, yerr=errors, capsize=3, color=colour, alpha=0.75, label=column.label)
+            for xi, row in zip(offset, bars):
+                seeds = [r.value(row["estimator"], metric) for r in counted[column]]
+                seeds = [v for v in seeds if not math.isnan(v)]
+                ax.plot([xi] * len(seeds), seeds, "o", color="black", markersize=2.5, alpha=0.6)
+            if floor is not None and floor["cells"][(column, metric)].n:
+                ax.axhline(floor["cells"][(column, metric)].mean, color=colour, linestyle="--", linewidth=1,
+                           label=f"noise floor, {column.label}")
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set_ylabel(f"{FIDELITY_METRIC_TITLES[metric]} with MC advantage")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].set_ylim(min(-0.05, axes[0, 0].get_ylim()[0]), 1.05)
+    axes[-1, 0].set_ylim(0, 1.05)
+    axes[-1, 0].set_xticks(x, [row["estimator"] for row in bars], rotation=20, fontsize=8)
+    axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{env}: credit fidelity against Monte-Carlo advantages (Table 4)\nbars: mean over seeds with "
+                 "the 95% t-interval over seeds; dots: seeds;\ndashed: noise floor (what an exact estimator would "
+                 "score given the measurement noise)", fontsize=9)
+    fig.tight_layout()
+    return fig
+

@@ -1,4 +1,5 @@
-"""Reading the training runs of an MLflow experiment (``load_runs``): ``RunRecord``, run status, left-out runs."""
+"""Reading the runs of an MLflow experiment: training runs (``load_runs``, ``RunRecord``), credit-fidelity
+measurements (``load_fidelity_runs``, ``FidelityRecord``), run status, left-out runs."""
 
 from __future__ import annotations
 
@@ -65,6 +66,67 @@ def transition_variant(params: Mapping[str, str]) -> str | None:
         (semantic, fusion)]
 
 
+TRAIN_KINDS = (None, "", "train")  # ``progpo.kind`` of a training run (None: logged before the tag existed)
+FIDELITY_KIND = "fidelity"  # ``progpo.kind`` of a ``python -m progpo.fidelity`` measurement
+WARM_START_POLICY = "as built"  # ``fidelity.policy`` of a measurement of the warm start (else a checkpoint path)
+
+
+@dataclass
+class FidelityRecord:
+    """One credit-fidelity measurement (``python -m progpo.fidelity``) as the report sees it: its tags and its
+    ``fidelity/*`` metrics (``fidelity/<estimator>/<metric>`` with ``_low``/``_high``, ``fidelity/noise_floor/*``,
+    ``fidelity/steps``), logged once at step 0."""
+
+    run_id: str
+    status: str
+    tags: dict[str, str]  # every tag but MLflow's own (``mlflow.*``) and the logging process
+    metrics: dict[str, float]  # the ``fidelity/*`` metrics
+    start_time: int = 0  # ms since the epoch: of a seed measured twice at one policy, the latest counts
+
+    @property
+    def env(self) -> str:
+        return self.tags.get("env", "unknown")
+
+    @property
+    def seed(self) -> str:
+        return self.tags.get("seed", "?")
+
+    @property
+    def group(self) -> str | None:
+        return self.tags.get("group")
+
+    @property
+    def machine(self) -> str | None:
+        return self.tags.get(MACHINE_TAG)
+
+    @property
+    def policy(self) -> str:
+        """``fidelity.policy``: ``as built`` (the warm start) or the checkpoint measured."""
+        return self.tags.get("fidelity.policy", "?")
+
+    @property
+    def warm_start(self) -> bool:
+        return self.policy == WARM_START_POLICY
+
+    @property
+    def iteration(self) -> int | None:
+        """``fidelity.iteration``: RL iterations the measured policy has done (0: the warm start); None if absent."""
+        try:
+            return int(self.tags["fidelity.iteration"])
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def estimators(self) -> list[str]:
+        """The estimators this run scored (those with a ``fidelity/<estimator>/spearman`` metric)."""
+        return sorted({key.split("/")[1] for key in self.metrics
+                       if key.count("/") == 2 and key.endswith("/spearman") and key.split("/")[1] != "noise_floor"})
+
+    def value(self, estimator: str, metric: str, bound: str = "") -> float:
+        """``fidelity/<estimator>/<metric>[_low|_high]``; NaN when not logged (e.g. no step with a known sign)."""
+        return self.metrics.get(f"fidelity/{estimator}/{metric}{bound}", float("nan"))
+
+
 LEFT_OUT_WHY = {
     "RUNNING": "still training, or killed on another host",
     "KILLED": "killed or pruned; a killed run continues with resume=true",
@@ -86,6 +148,14 @@ class UnknownExperiment(ValueError):
     """The tracking store has no experiment of that name."""
 
 
+def _experiment_id(client: Any, experiment: str) -> str:
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        known = sorted(e.name for e in client.search_experiments())
+        raise UnknownExperiment(f"--experiment {experiment!r} does not exist in this tracking store; known: {known}")
+    return found.experiment_id
+
+
 def _status(client: Any, run: Any) -> str:
     """The run's status, after marking a RUNNING run whose process is gone as KILLED."""
     status = run.info.status
@@ -101,19 +171,16 @@ def _status(client: Any, run: Any) -> str:
 def load_runs(
     client: Any, experiment: str, group: str | None = None, all_runs: bool = False
 ) -> tuple[list[RunRecord], dict[str, int]]:
-    """Training runs of ``experiment`` (report runs excluded), with final metrics and curve histories; and the
-    number of training runs left out (not FINISHED, unless ``all_runs``) by status."""
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        known = sorted(e.name for e in client.search_experiments())
-        raise UnknownExperiment(f"--experiment {experiment!r} does not exist in this tracking store; known: {known}")
+    """Training runs of ``experiment`` (tag ``progpo.kind=train``, or none: runs older than the tag; report and
+    fidelity runs excluded), with final metrics and curve histories; and the number of training runs left out (not
+    FINISHED, unless ``all_runs``) by status."""
     query = f"tags.group = '{group}'" if group else ""
-    runs = client.search_runs([found.experiment_id], filter_string=query, max_results=5000)
+    runs = client.search_runs([_experiment_id(client, experiment)], filter_string=query, max_results=5000)
     records = []
     left_out: Counter[str] = Counter()
     for run in runs:
         tags = run.data.tags
-        if tags.get(KIND_TAG) == "report":
+        if tags.get(KIND_TAG) not in TRAIN_KINDS:
             continue
         status = _status(client, run)
         if not all_runs and status != "FINISHED":
@@ -142,4 +209,36 @@ def load_runs(
     log.info("experiment %r: %d training runs%s", experiment, len(records), f" in group {group!r}" if group else "")
     if left_out:
         log.warning("experiment %r: %s", experiment, describe_left_out(left_out))
+    return records, dict(left_out)
+
+
+def _kept_tag(key: str) -> bool:
+    return not key.startswith("mlflow.") and key != PROCESS_TAG
+
+
+def load_fidelity_runs(
+    client: Any, experiment: str, group: str | None = None, all_runs: bool = False
+) -> tuple[list[FidelityRecord], dict[str, int]]:
+    """Credit-fidelity runs of ``experiment`` (tag ``progpo.kind=fidelity``) with their ``fidelity/*`` metrics; and
+    the number left out (not FINISHED, unless ``all_runs``) by status."""
+    query = f"tags.`{KIND_TAG}` = '{FIDELITY_KIND}'" + (f" and tags.group = '{group}'" if group else "")
+    runs = client.search_runs([_experiment_id(client, experiment)], filter_string=query, max_results=5000)
+    records = []
+    left_out: Counter[str] = Counter()
+    for run in runs:
+        status = _status(client, run)
+        if not all_runs and status != "FINISHED":
+            left_out[status] += 1
+            continue
+        records.append(FidelityRecord(
+            run_id=run.info.run_id,
+            status=status,
+            tags={k: v for k, v in run.data.tags.items() if _kept_tag(k)},
+            metrics={k: float(v) for k, v in run.data.metrics.items() if k.startswith("fidelity/")},
+            start_time=int(run.info.start_time or 0),
+        ))
+    if records or left_out:
+        log.info("experiment %r: %d fidelity runs", experiment, len(records))
+    if left_out:
+        log.warning("experiment %r, fidelity runs: %s", experiment, describe_left_out(left_out))
     return records, dict(left_out)
