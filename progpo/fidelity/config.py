@@ -18,6 +18,7 @@ from progpo.config import ConfigError
 from progpo.config.groups import require
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+TRUTH_ESTIMATORS = ("auto", "complement", "sampled")  # progpo.fidelity.truth explains them
 
 
 def fidelity_run_name(run_name: str | None, policy: str, ckpt_path: str | None) -> str:
@@ -42,6 +43,7 @@ class FidelityConfig:
     estimators: list[str]
     steps: int
     continuations: int
+    truth_estimator: str
     gamma: float
     chunk: int
     bootstrap: int
@@ -71,6 +73,8 @@ class FidelityConfig:
         require(isinstance(self.steps, int) and self.steps >= 3, "fidelity.steps", "an integer >= 3", self.steps)
         require(isinstance(self.continuations, int) and self.continuations >= 2, "fidelity.continuations",
                 "an integer >= 2 (A_hat's standard error needs two returns of Q and of V)", self.continuations)
+        require(self.truth_estimator in TRUTH_ESTIMATORS, "fidelity.truth_estimator",
+                f"one of {', '.join(TRUTH_ESTIMATORS)}", self.truth_estimator)
         require(0 < self.gamma <= 1, "fidelity.gamma", "in (0, 1]", self.gamma)
         require(isinstance(self.chunk, int) and self.chunk >= 1, "fidelity.chunk", "an integer >= 1", self.chunk)
         require(isinstance(self.bootstrap, int) and self.bootstrap >= 100, "fidelity.bootstrap",

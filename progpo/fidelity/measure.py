@@ -142,23 +142,28 @@ def _measure_built(run, spec: FidelityConfig, iteration: int, checkpoint: Path |
         won = {e.traj: e.won for e in batch.episodes}
         chosen = stratified_sample(step_features(steps, won), spec.steps, spec.seed)
         torch.manual_seed(spec.seed)
+        complement = _uses_complement(spec.truth_estimator, run.engine)
         started = time.perf_counter()
-        q_returns, v_returns, kept, played = measure_truth(run.collector, batch.turns, batch.episodes, chosen,
-                                                           spec.continuations, spec.gamma, spec.chunk)
+        played = measure_truth(run.collector, batch.turns, batch.episodes, chosen, spec.continuations, spec.gamma,
+                               spec.chunk, complement)
         timing["continuations_s"] = time.perf_counter() - started
-    timing.update(replay_s=played.replay_s, generate_s=played.generate_s, env_s=played.env_s,
-                  replay_steps=played.replay_steps, env_steps=played.env_steps, episodes=played.episodes,
-                  generated_tokens=played.generated_tokens)
+    spent = played.timing
+    timing.update(replay_s=spent.replay_s, generate_s=spent.generate_s, env_s=spent.env_s,
+                  replay_steps=spent.replay_steps, env_steps=spent.env_steps, episodes=spent.episodes,
+                  generated_tokens=spent.generated_tokens)
     embedding = steps.embedding.numpy() if steps.embedding is not None else None
+    kept = played.kept
     truth = FidelityTruth(
         group=steps.group.numpy(), traj=steps.traj.numpy(), t=steps.t.numpy(), obs=steps.obs.numpy(),
         reward=steps.reward.numpy(), embedding=embedding,
         won=np.array([won[int(j)] for j in steps.traj], dtype=bool),
-        steps=chosen[kept], q_returns=q_returns[kept], v_returns=v_returns[kept],
+        steps=chosen[kept], q_returns=played.q_returns[kept], v_returns=played.v_returns[kept],
+        p_action=played.p_action[kept], complement=played.complement[kept],
         meta={
             "env": run.suite.name, "model": run.policy.name, "seed": int(run.cfg.seed), "iteration": iteration,
             "checkpoint": str(checkpoint) if checkpoint else None, "gamma": spec.gamma,
             "continuations": spec.continuations, "steps_requested": spec.steps, "steps_dropped": int((~kept).sum()),
+            "truth_estimator": "complement" if complement else "sampled",
             "batch_steps": steps.n, "tasks_per_batch": len(tasks), "group_size": rl.group_size,
             "batch_success": float(np.mean([e.won for e in batch.episodes])), "machine": machine_label(),
             "timing": timing,
@@ -188,6 +193,17 @@ def _name_run(cfg: DictConfig) -> None:
             cfg.run_name = resolve_run_dir(cfg).name
         if "tags" in cfg.logger:
             cfg.logger.tags = {**OmegaConf.to_container(cfg.logger.tags), KIND_TAG: "fidelity"}
+
+
+def _uses_complement(choice: str, engine: Any) -> bool:
+    """``fidelity.truth_estimator``: ``complement`` needs the exact probability of an action, which an engine has
+    when it decodes only admissible commands and nothing before them (``truth`` explains both estimators)."""
+    exact = bool(getattr(engine, "constrain_to_admissible", False)) and not getattr(engine, "reasoning_tokens", 0)
+    if choice == "complement" and not exact:
+        raise ConfigError("fidelity.truth_estimator=complement needs an engine that decodes only admissible commands "
+                          "(rollout.engine.constrain_to_admissible=true, reasoning_tokens=0): with free decoding a "
+                          "response's probability is not its action's. Use fidelity.truth_estimator=sampled (or auto)")
+    return exact if choice == "auto" else choice == "complement"
 
 
 def _checkpoint_to_measure(cfg: DictConfig) -> Path | None:

@@ -52,7 +52,8 @@ def markdown(result) -> str:
         f"({meta.get('tasks_per_batch')} tasks x {meta.get('group_size')}, {meta.get('batch_steps')} steps, "
         f"success {meta.get('batch_success', float('nan')):.2f}); machine {meta.get('machine')}.",
         f"{len(truth.steps)} measured steps ({meta.get('steps_dropped', 0)} dropped: replay diverged), "
-        f"{meta.get('continuations')} Q + {meta.get('continuations')} V continuations each, gamma "
+        f"{meta.get('continuations')} Q + {meta.get('continuations')} V continuations each "
+        f"({meta.get('truth_estimator', 'sampled')} estimator on {int(truth.complement.sum())} of them), gamma "
         f"{meta.get('gamma')}; A_hat: mean |A_hat| {np.abs(a_hat).mean():.3f}, median SE {np.median(se):.3f}, "
         f"{significant} steps with |A_hat| > 2 SE (the sign metrics are over those).",
         "",

@@ -7,8 +7,18 @@ reward checked against the record), then
 - ``Q``: takes the recorded ``a_t`` and samples with the policy to the episode's end or step limit;
 - ``V``: samples a fresh action at ``s_t`` and goes on alike.
 The return is the one the estimators target: ``sum_{u >= t} gamma^(u-t) r_u`` with the env's rewards.
-``A_hat = mean(Q returns) - mean(V returns)``, its standard error from the two sample variances.
-A step whose replay diverges from its record in any continuation is dropped and counted.
+
+Two estimators of ``A`` from these (``fidelity.truth_estimator``):
+- ``sampled``: ``A_hat = mean(Q returns) - mean(V returns)``, the textbook one, for any engine;
+- ``complement``: where the policy's probability ``p`` of ``a_t`` is known exactly (an engine that decodes only
+  admissible commands reports it) the V continuations take an action *other than* ``a_t``, drawn from the policy
+  renormalised over the others, and ``A = Q(a_t) - [p Q(a_t) + (1-p) Q_other] = (1-p) (Q(a_t) - Q_other)``:
+  ``A_hat = (1-p) (mean(Q returns) - mean(other returns))``. Unbiased like ``sampled``, with a standard error
+  ``(1-p)`` times smaller where the policy is confident: ``sampled`` spends most V continuations re-playing ``a_t``
+  there, and its noise swamps a small advantage. A step whose action is not an admissible command as written (a
+  WebShop search query) falls back to ``sampled`` (``FidelityTruth.complement`` says which).
+Standard errors come from the sample variances. A step whose replay diverges from its record in any continuation
+is dropped and counted.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from progpo.types import Episode, Turn
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+ARRAYS = ("group", "traj", "t", "obs", "reward", "won", "steps", "q_returns", "v_returns", "p_action", "complement")
 
 
 @dataclass
@@ -39,8 +50,10 @@ class FidelityTruth:
 
     Batch arrays (``[n]``, the order of the batch's turns): ``group``, ``traj``, ``t``, ``obs``, ``reward``,
     ``embedding`` (``[n, d]`` or None), ``won`` (the step's trajectory was won). Measured steps (``[s]``):
-    ``steps`` (indices into the batch), ``q_returns`` / ``v_returns`` (``[s, c]`` continuation returns),
-    ``a_hat`` and ``se``. ``meta``: what was measured (env, model, seed, checkpoint, gamma, counts, timings).
+    ``steps`` (indices into the batch), ``q_returns`` / ``v_returns`` (``[s, c]`` continuation returns; with
+    ``complement`` the V continuations took another action than ``a_t``), ``p_action`` (the policy's probability of
+    ``a_t``), ``complement``; ``a_hat`` and ``se`` follow. ``meta``: what was measured (env, model, seed, checkpoint,
+    gamma, counts, timings).
     """
 
     group: np.ndarray
@@ -53,16 +66,22 @@ class FidelityTruth:
     steps: np.ndarray
     q_returns: np.ndarray
     v_returns: np.ndarray
+    p_action: np.ndarray
+    complement: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def _scale(self) -> np.ndarray:
+        return np.where(self.complement, 1.0 - np.nan_to_num(self.p_action), 1.0)
+
+    @property
     def a_hat(self) -> np.ndarray:
-        return self.q_returns.mean(axis=1) - self.v_returns.mean(axis=1)
+        return self._scale * (self.q_returns.mean(axis=1) - self.v_returns.mean(axis=1))
 
     @property
     def se(self) -> np.ndarray:
-        return np.sqrt(self.q_returns.var(axis=1, ddof=1) / self.q_returns.shape[1]
-                       + self.v_returns.var(axis=1, ddof=1) / self.v_returns.shape[1])
+        return self._scale * np.sqrt(self.q_returns.var(axis=1, ddof=1) / self.q_returns.shape[1]
+                                     + self.v_returns.var(axis=1, ddof=1) / self.v_returns.shape[1])
 
     def step_batch(self) -> StepBatch:
         """The estimators' view of the batch, as training built it."""
@@ -76,8 +95,7 @@ class FidelityTruth:
         """A ``.npz`` file (no pickle), written atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {name: getattr(self, name) for name in ("group", "traj", "t", "obs", "reward", "won", "steps",
-                                                        "q_returns", "v_returns")}
+        arrays = {name: getattr(self, name) for name in ARRAYS}
         if self.embedding is not None:
             arrays["embedding"] = self.embedding
         meta = json.dumps({**self.meta, "format_version": FORMAT_VERSION})
@@ -98,8 +116,7 @@ class FidelityTruth:
             if meta.get("format_version") != FORMAT_VERSION:
                 raise ValueError(f"{path}: fidelity truth format {meta.get('format_version')}, this progpo reads "
                                  f"{FORMAT_VERSION}; measure it again with python -m progpo.fidelity")
-            return cls(**{name: data[name] for name in ("group", "traj", "t", "obs", "reward", "won", "steps",
-                                                          "q_returns", "v_returns")},
+            return cls(**{name: data[name] for name in ARRAYS},
                        embedding=data["embedding"] if "embedding" in data else None, meta=meta)
 
 
@@ -109,15 +126,17 @@ def discounted_return(rewards: Sequence[float], start: int, gamma: float) -> flo
     return float((tail * gamma ** np.arange(len(tail))).sum())
 
 
-def continuation_starts(turns: list[Turn], episodes: list[Episode], step: int, continuations: int
-                        ) -> tuple[list[EpisodeStart], list[EpisodeStart]]:
-    """The ``Q`` starts (replay ``a_0..a_t``) and ``V`` starts (replay ``a_0..a_{t-1}``) of ``turns[step]``."""
+def continuation_starts(turns: list[Turn], episodes: list[Episode], step: int, continuations: int,
+                        complement: bool) -> tuple[list[EpisodeStart], list[EpisodeStart]]:
+    """The ``Q`` starts (replay ``a_0..a_t``) and ``V`` starts (replay ``a_0..a_{t-1}``; with ``complement`` their
+    first sampled action leaves ``a_t`` out) of ``turns[step]``."""
     turn = turns[step]
     own = sorted((x for x in turns if x.traj == turn.traj), key=lambda x: x.t)
     task = next(e.task for e in episodes if e.traj == turn.traj)
     before = own[: turn.t]
     obs_through_t = tuple(x.obs_id for x in own[: turn.t + 1])
-    v_start = EpisodeStart(task, tuple(x.action for x in before), obs_through_t, tuple(x.reward for x in before))
+    v_start = EpisodeStart(task, tuple(x.action for x in before), obs_through_t, tuple(x.reward for x in before),
+                           exclude_first=turn.action if complement else None)
     after = own[: turn.t + 1]
     next_obs = (own[turn.t + 1].obs_id,) if turn.t + 1 < len(own) else ()
     q_start = EpisodeStart(task, tuple(x.action for x in after), obs_through_t + next_obs,
@@ -171,14 +190,32 @@ def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing
     return played  # type: ignore[return-value]
 
 
+@dataclass
+class Continuations:
+    """``measure_truth``'s outcome for ``s`` steps: returns (``[s, c]``), the action probabilities, which steps
+    used the complement estimator, which were kept (every replay matched), and the time split."""
+
+    q_returns: np.ndarray
+    v_returns: np.ndarray
+    p_action: np.ndarray
+    complement: np.ndarray
+    kept: np.ndarray
+    timing: ContinuationTiming
+
+
+def action_probability(turn: Turn) -> float:
+    """The sampling policy's probability of the turn's response (its action's, under constrained decoding)."""
+    return float(np.exp(np.sum(turn.sample_logprobs, dtype=np.float64)))
+
+
 def measure_truth(collector, turns: list[Turn], episodes: list[Episode], steps: np.ndarray, continuations: int,
-                  gamma: float, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ContinuationTiming]:
-    """Q and V continuation returns of ``turns[steps]`` (``[s, c]`` each) and the mask of steps kept (every
-    replay of the step matched its record)."""
+                  gamma: float, chunk: int, complement: bool = False) -> Continuations:
+    """Q and V continuation returns of ``turns[steps]``; ``complement``: V continuations leave ``a_t`` out (only
+    exact where the engine decodes only admissible commands, so that a response's probability is its action's)."""
     q_starts: list[EpisodeStart] = []
     v_starts: list[EpisodeStart] = []
     for step in steps:
-        q, v = continuation_starts(turns, episodes, int(step), continuations)
+        q, v = continuation_starts(turns, episodes, int(step), continuations, complement)
         q_starts += q
         v_starts += v
     timing = ContinuationTiming()
@@ -188,6 +225,9 @@ def measure_truth(collector, turns: list[Turn], episodes: list[Episode], steps: 
     q_returns = np.zeros((s, continuations))
     v_returns = np.zeros((s, continuations))
     kept = np.ones(s, dtype=bool)
+    excluded = np.array([[v_played[k * continuations + c].excluded for c in range(continuations)] for k in range(s)])
+    used_complement = excluded.all(axis=1)
+    kept &= used_complement | ~excluded.any(axis=1)  # all or none of a step's V continuations left a_t out
     for k, step in enumerate(steps):
         t = turns[int(step)].t
         for c in range(continuations):
@@ -200,4 +240,5 @@ def measure_truth(collector, turns: list[Turn], episodes: list[Episode], steps: 
     if not kept.all():
         log.warning("%d of %d measured steps dropped: a replay of their prefix differed from the record",
                     int((~kept).sum()), s)
-    return q_returns, v_returns, kept, timing
+    p_action = np.array([action_probability(turns[int(step)]) for step in steps])
+    return Continuations(q_returns, v_returns, p_action, used_complement, kept, timing)

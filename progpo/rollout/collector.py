@@ -95,6 +95,7 @@ class RolloutCollector:
         tasks = [s.task for s in starts]
         pool = self._pool(len(tasks))
         state = _Playing(tasks, list(pool.reset(tasks)), group_size=1, keep_turns=False)
+        state.exclude = [s.exclude_first for s in starts]
         diverged: list[int | None] = [None] * len(starts)
         for i, s in enumerate(starts):
             if obs_id(state.observations[i].text) != s.expected_obs[0]:
@@ -120,7 +121,7 @@ class RolloutCollector:
         timing = self._play(state, pool, greedy=False, temperature=temperature, desc=desc)
         episodes = [
             ContinuedEpisode(rewards=list(state.rewards[i]), won=bool(state.won[i]), diverged_at=diverged[i],
-                             error=state.errors[i])
+                             error=state.errors[i], excluded=bool(state.excluded[i]))
             for i in range(len(starts))
         ]
         return ContinuationBatch(episodes, replay_seconds=replay_s, replay_steps=replay_steps,
@@ -141,7 +142,7 @@ class RolloutCollector:
             generation = self.engine.generate(
                 [p.ids for p in prompts],
                 greedy=greedy,
-                admissible=[state.observations[i].admissible_actions for i in active],
+                admissible=[state.sampling_choices(i) for i in active],
                 temperature=temperature,
                 task_texts=[state.observations[i].task_description for i in active],
             )
@@ -184,6 +185,10 @@ class EpisodeStart:
     actions: tuple[str, ...]
     expected_obs: tuple[int, ...]
     expected_rewards: tuple[float, ...]
+    # Leave this command out of the admissible ones at the first sampled step (a constrained engine then samples
+    # from the policy renormalised over the other commands); kept when it is not admissible as written (a
+    # placeholder such as search[<query>] stands for it) or is the only admissible one.
+    exclude_first: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.expected_rewards) != len(self.actions):
@@ -214,6 +219,7 @@ class ContinuedEpisode:
     won: bool
     diverged_at: int | None
     error: str | None = None
+    excluded: bool = False  # ``exclude_first`` was admissible, not alone, and left out of the first sampled step
 
 
 @dataclass
@@ -256,6 +262,17 @@ class _Playing:
         self.turns: list[Turn] = []
         self.keep_turns = keep_turns  # False: continuations keep rewards only (thousands of episodes)
         self.rewards: list[list[float]] = [[] for _ in range(n)]
+        self.exclude: list[str | None] = [None] * n  # see ``EpisodeStart.exclude_first``
+        self.excluded = np.zeros(n, dtype=bool)  # the first sampled step did leave that command out
+
+    def sampling_choices(self, i: int) -> tuple[str, ...]:
+        """The commands env ``i``'s next action is decoded among: the admissible ones, less an excluded one."""
+        admissible = self.observations[i].admissible_actions
+        excluded = self.exclude[i]
+        if excluded is None or excluded not in admissible or len(admissible) < 2:
+            return admissible
+        self.excluded[i] = True
+        return tuple(a for a in admissible if a != excluded)
 
     def record(self, i: int, prompt, generation, k: int, action: str, result, max_steps: int) -> None:
         """Env ``i`` took ``action`` (the ``k``-th response of ``generation``): store the turn, advance the env."""
@@ -279,6 +296,7 @@ class _Playing:
                 allowed_token_ids=generation.allowed_token_ids[k] if generation.allowed_token_ids else None,
                 prompt_hidden=generation.prompt_hidden[k] if generation.prompt_hidden else None,
             ))
+        self.exclude[i] = None  # only the first sampled step leaves a command out
         self.advance(i, action, result, max_steps)
 
     def advance(self, i: int, action: str, result, max_steps: int) -> None:

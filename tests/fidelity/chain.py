@@ -82,16 +82,22 @@ class CellPrompts:
 
 
 class ScriptedPolicy:
-    """An engine that answers with ``PROBS`` whatever it is asked, drawing from torch's RNG (seeded by the caller)."""
+    """An engine that answers with ``PROBS`` whatever it is asked, renormalised over the commands it may choose
+    (like a constrained engine), drawing from torch's RNG (seeded by the caller); it reports the exact log-prob."""
 
     max_new_tokens = 4
+    constrain_to_admissible = True
 
     def generate(self, prompts, greedy=False, admissible=None, temperature=None, task_texts=None) -> Generation:
-        picks = torch.multinomial(torch.tensor(PROBS), len(prompts), replacement=True).tolist()
-        return Generation(
-            response_ids=[[k] for k in picks], texts=[f"<action>{ACTIONS[k]}</action>" for k in picks],
-            logprobs=[[float(np.log(PROBS[k]))] for k in picks], n_generated_tokens=len(prompts),
-        )
+        ids, texts, logprobs = [], [], []
+        for choices in admissible:
+            probs = torch.tensor([PROBS[k] if a in choices else 0.0 for k, a in enumerate(ACTIONS)])
+            probs = probs / probs.sum()
+            k = int(torch.multinomial(probs, 1))
+            ids.append([k])
+            texts.append(f"<action>{ACTIONS[k]}</action>")
+            logprobs.append([float(torch.log(probs[k]))])
+        return Generation(response_ids=ids, texts=texts, logprobs=logprobs, n_generated_tokens=len(prompts))
 
     def sync_weights(self, model) -> None:
         pass

@@ -38,6 +38,9 @@ def test_measures_alfworld_logs_to_mlflow_and_rescoring_the_truth_gives_the_same
     result = measure(cfg)
     truth = result.truth
     assert truth.meta["steps_dropped"] == 0  # generated ALFWorld games replay exactly
+    # the tiny model decodes only admissible commands: the action probabilities are exact, the complement applies
+    assert truth.meta["truth_estimator"] == "complement" and truth.complement.all()
+    assert ((0 < truth.p_action) & (truth.p_action <= 1)).all()
     assert len(truth.steps) == 6 and truth.q_returns.shape == (6, 2)
     assert truth.embedding is not None and truth.embedding.shape[0] == len(truth.t)
     assert result.timing["episodes"] == 24 and result.timing["replay_steps"] > 0
@@ -119,6 +122,7 @@ def test_replay_reproduces_recorded_observations_and_rewards(env, tmp_path):
     ("fidelity.steps=100000", "fidelity.steps"),
     ("fidelity.continuations=1", "fidelity.continuations"),
     ("env=webshop_real", "not deterministic"),
+    ("fidelity.truth_estimator=exact", "fidelity.truth_estimator"),
 ])
 def test_bad_input_fails_before_anything_is_built(override, key, tmp_path):
     cfg = _cfg(["experiment=fast_dev", "logger=none", f"run_dir={tmp_path / 'run'}", override])
@@ -144,3 +148,26 @@ def test_truth_file_of_another_format_is_refused(tmp_path):
         FidelityTruth.load(tmp_path / "old.npz")
     with pytest.raises(FileNotFoundError, match="progpo.fidelity"):
         FidelityTruth.load(tmp_path / "missing.npz")
+
+
+def test_the_complement_estimator_needs_exact_action_probabilities():
+    from progpo.fidelity.measure import _uses_complement
+
+    class FreeDecoding:
+        constrain_to_admissible = False
+
+    class Constrained:
+        constrain_to_admissible = True
+        reasoning_tokens = 0
+
+    class ConstrainedAfterThinking(Constrained):
+        reasoning_tokens = 16
+
+    with pytest.raises(ConfigError, match="fidelity.truth_estimator=sampled"):
+        _uses_complement("complement", FreeDecoding())
+    with pytest.raises(ConfigError, match="reasoning_tokens"):
+        _uses_complement("complement", ConstrainedAfterThinking())
+    assert _uses_complement("auto", FreeDecoding()) is False
+    assert _uses_complement("auto", ConstrainedAfterThinking()) is False
+    assert _uses_complement("auto", Constrained()) is True
+    assert _uses_complement("sampled", Constrained()) is False
