@@ -15,15 +15,22 @@ or trial of any process and does not count: its point is queued again (``retry_k
 With a sampler seed, trial n samples with a seed derived from (seed, n) (``PerTrialSeedSampler``), so workers and
 continued studies never repeat each other's random start-up points.
 
+A sweep file with a ``fidelity:`` section (``sweeps/progpo_fidelity.yaml``) tunes credit fidelity on saved truth
+files instead of training: thousands of millisecond trials, then the best setting judged against the paper's defaults
+on holdout files (``progpo.sweep.fidelity``).
+
 The package: ``spec`` (the sweep file), ``seeding`` (per-trial sampler seeds), ``study`` (storage, lock, stale
-trials, study creation), ``runner`` (``run_sweep``), ``trial`` (trainer trials) and ``cli`` (``main``).
+trials, study creation), ``runner`` (``run_sweep``), ``trial`` (trainer trials), ``fidelity`` (fidelity trials) and
+``cli`` (``main``).
 """
 
 from progpo.sweep.cli import main
+from progpo.sweep.fidelity import Comparison, FidelityObjective, FidelitySweepResult, Judgement
 from progpo.sweep.runner import FINISHED_STATES, SweepResult, run_sweep
 from progpo.sweep.seeding import PerTrialSeedSampler, trial_seed
 from progpo.sweep.spec import (
     PARAM_TYPES,
+    FidelitySpec,
     ParamSpec,
     PrunerSpec,
     SamplerSpec,
@@ -43,6 +50,11 @@ from progpo.sweep.trial import (
 
 __all__ = [
     "FINISHED_STATES",
+    "Comparison",
+    "FidelityObjective",
+    "FidelitySpec",
+    "FidelitySweepResult",
+    "Judgement",
     "PARAM_TYPES",
     "REPO_CONF",
     "KilledTrialCallback",

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from progpo.sweep.runner import run_sweep
+from progpo.sweep.fidelity import FidelityObjective
 from progpo.sweep.spec import load_spec
 from progpo.sweep.trial import TrainerObjective, check_trainer_config
 
@@ -37,10 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = load_spec(opts.sweep_file, opts.settings)
         check_trainer_config(spec, hydra_overrides)
+        # The one switch between the two kinds of sweep: a `fidelity:` section tunes credit fidelity on truth files.
+        objective = (FidelityObjective(spec, hydra_overrides) if spec.fidelity is not None
+                     else TrainerObjective(spec, hydra_overrides))
     except (ValueError, HydraException) as error:  # bad sweep file, bad override, invalid trainer config
         log.error("invalid sweep: %s", error)
         return 2
-    objective = TrainerObjective(spec, hydra_overrides)
-    result = run_sweep(spec, objective, after_trial=objective.after_trial, after_killed=objective.after_killed)
+    result = objective.run()
     print(json.dumps(asdict(result), indent=2, default=str))  # noqa: T201 - CLI output
     return 0

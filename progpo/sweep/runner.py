@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from tqdm.auto import tqdm
 
 from progpo.sweep.spec import SweepSpec
 from progpo.sweep.study import (
@@ -67,11 +69,13 @@ def run_sweep(
     objective: Callable[[optuna.Trial], float],
     after_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
     after_killed: KilledTrialCallback | None = None,
+    progress_bar: bool = False,
 ) -> SweepResult:
     """Run trials until ``spec.n_trials`` trials count (or ``timeout_s`` passes); see the ``progpo.sweep`` doc.
 
     ``after_trial`` runs after each trial of this process, ``after_killed`` for each trial of a dead worker that this
-    process marks FAIL (see ``make_storage``).
+    process marks FAIL (see ``make_storage``). ``progress_bar``: for thousands of short trials, a progress bar
+    (refreshed every 5 s) replaces the log line per trial (Optuna's and ours) and the study summary behind it.
     """
     storage = make_storage(spec, on_killed=after_killed)
     study = create_study(spec, storage)
@@ -79,7 +83,19 @@ def run_sweep(
         for point in spec.enqueue:
             study.enqueue_trial(point, skip_if_exists=True)
 
-    progress = _progress(spec, after_trial)
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(_progress_bar(spec, study, after_trial)) if progress_bar else _progress(
+            spec, after_trial)
+        ran = _loop(spec, study, storage, objective, progress)
+    result = _summary(study, ran)
+    log.info("[%s] stopped: %s", spec.study_name, result)
+    return result
+
+
+def _loop(spec: SweepSpec, study: optuna.Study, storage: optuna.storages.BaseStorage | None,
+          objective: Callable[[optuna.Trial], float],
+          progress: Callable[[optuna.Study, optuna.trial.FrozenTrial], None]) -> int:
+    """One trial at a time while the study has fewer than ``n_trials`` (under the storage lock); trials run here."""
     started = time.monotonic()
     ran = 0
     while spec.timeout_s is None or time.monotonic() - started < spec.timeout_s:
@@ -98,9 +114,7 @@ def run_sweep(
 
             study.optimize(locked_objective, n_trials=1, catch=(Exception,), callbacks=[progress])
             ran += 1
-    result = _summary(study, ran)
-    log.info("[%s] stopped: %s", spec.study_name, result)
-    return result
+    return ran
 
 
 def _progress(
@@ -121,6 +135,35 @@ def _progress(
         )
 
     return progress
+
+
+@contextlib.contextmanager
+def _progress_bar(
+    spec: SweepSpec, study: optuna.Study, after_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None
+) -> Iterator[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]]:
+    """The callback of ``progress_bar=True``: ``after_trial``, then the bar (the best value of this process's trials
+    as postfix: the study's best would cost a database query per trial). Optuna's log line per trial is off."""
+    sign = 1.0 if spec.direction == "maximize" else -1.0
+    best: list[float] = []
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    bar = tqdm(total=spec.n_trials, initial=min(trials_toward_n(study.get_trials(deepcopy=False)), spec.n_trials),
+               desc=spec.study_name, unit="trial", mininterval=5)
+
+    def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if after_trial is not None:
+            after_trial(study, trial)
+        if trial.value is not None and math.isfinite(trial.value) and (not best or sign * trial.value > sign * best[0]):
+            best[:] = [trial.value]
+            bar.set_postfix(best=f"{trial.value:.4g} (trial {trial.number})", refresh=False)
+        log.debug("[%s] trial %d %s value=%s", spec.study_name, trial.number, trial.state.name, trial.value)
+        bar.update(1)
+
+    try:
+        yield progress
+    finally:
+        bar.close()
+        optuna.logging.set_verbosity(verbosity)
 
 
 def _log_running(spec: SweepSpec, trials: Sequence[optuna.trial.FrozenTrial]) -> None:

@@ -50,7 +50,7 @@ def make_storage(spec: SweepSpec, on_killed: KilledTrialCallback | None = None) 
 
     try:
         with _experimental():
-            return optuna.storages.RDBStorage(
+            storage = optuna.storages.RDBStorage(
                 url,
                 heartbeat_interval=spec.heartbeat_s,
                 grace_period=2 * spec.heartbeat_s,
@@ -61,6 +61,36 @@ def make_storage(spec: SweepSpec, on_killed: KilledTrialCallback | None = None) 
         raise SweepSpecError(
             f"storage={url!r} needs a database driver ({error.name}); for PostgreSQL: pip install -e '.[postgres]'"
         ) from error
+    if url.startswith("sqlite:///"):
+        _write_ahead_log(storage, url[len("sqlite:///") :])
+    return storage
+
+
+def _write_ahead_log(storage: optuna.storages.RDBStorage, path: str) -> None:
+    """sqlite in write-ahead-log mode, without an fsync per commit (``synchronous=NORMAL``).
+
+    A trial commits about 20 times (trial, each parameter, heartbeat, value, state) and sqlite's default fsyncs every
+    commit: on this project's busy two-core machine a trial of a trivial objective took 250-290 ms, 65-70 ms in WAL
+    mode (100 trials), and the fidelity sweep (``progpo.sweep.fidelity``, millisecond trials) ran 3.4 trials/s, 13.9
+    in WAL mode (200 trials): 2000 trials in 3 minutes instead of 10. Trainer trials (minutes) do not notice. The file
+    stays consistent after a crash; a power loss may undo the last commits. WAL needs a local disk (not NFS), as
+    several processes on one sqlite file already do.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+
+    def on_connect(connection, _record) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened so far lack the pragma
+    try:
+        with file_lock(path + ".lock"), storage.engine.connect() as connection:  # the lock of ``storage_lock``
+            connection.exec_driver_sql("PRAGMA journal_mode=WAL")  # kept in the file: once per database
+    except OperationalError as error:  # another process holds it: commits are slower, nothing else changes
+        log.warning("sqlite storage %s stays in rollback-journal mode (%s)", path, error)
 
 
 @contextlib.contextmanager

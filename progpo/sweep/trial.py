@@ -12,6 +12,7 @@ import lightning as L
 import optuna
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from progpo.sweep.runner import SweepResult, run_sweep
 from progpo.sweep.spec import SweepSpec, SweepSpecError
 
 log = logging.getLogger(__package__)
@@ -174,6 +175,10 @@ class TrainerObjective:
         if self.spec.objective not in metrics:
             raise KeyError(f"objective {self.spec.objective!r} is not among the run's metrics: {sorted(metrics)}")
         return float(metrics[self.spec.objective])
+
+    def run(self) -> SweepResult:
+        """The study: ``run_sweep`` with this objective and its MLflow mirroring."""
+        return run_sweep(self.spec, self, after_trial=self.after_trial, after_killed=self.after_killed)
 
     def _record_unlogged_failure(self, trial: optuna.Trial, uri: str, run_name: str, values: Mapping[str, Any],
                                  error: Exception) -> None:
