@@ -181,3 +181,21 @@ def test_the_complement_estimator_is_tighter_on_the_same_steps():
             m.q_returns.var(axis=1, ddof=1) / 32 + m.v_returns.var(axis=1, ddof=1) / 32)
 
     assert np.median(se(complement)) < np.median(se(sampled))
+
+
+def test_measure_truth_drops_and_counts_the_steps_whose_replay_diverges():
+    torch.manual_seed(0)
+    suite = chain_suite(2)
+    collector = RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
+    try:
+        batch = collector.collect(suite.train_tasks, group_size=2)
+        own = sorted((x for x in batch.turns if x.traj == 0), key=lambda x: x.t)
+        assert len(own) >= 3
+        own[1].obs_id += 1  # the record no longer matches what the env shows at step 1 of trajectory 0
+        steps = np.array([batch.turns.index(x) for x in own] + [batch.turns.index(x) for x in batch.turns
+                                                               if x.traj == 1][:2])
+        played = measure_truth(collector, batch.turns, batch.episodes, steps, 2, GAMMA, chunk=1000)
+    finally:
+        collector.close()
+    # step 0 of trajectory 0: its V replay stops before step 1, its Q replay arrives at the wrong observation
+    assert played.kept.tolist() == [False] * len(own) + [True, True]
