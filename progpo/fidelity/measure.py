@@ -100,7 +100,8 @@ def measure(cfg: DictConfig) -> FidelityResult:
     if spec.truth is not None:
         truth = FidelityTruth.load(spec.truth)
         result = score_truth(truth, build_estimators(spec.estimators, cfg), spec.bootstrap, spec.seed)
-        write_outputs(result, Path(cfg.get("run_dir") or Path(spec.truth).parent), logger=None)
+        # beside the truth, not over the measurement's own tables (they may score other estimators)
+        write_outputs(result, Path(cfg.get("run_dir") or Path(spec.truth).parent / "rescored"), logger=None)
         return result
     checkpoint = _checkpoint_to_measure(cfg)
     run = build(cfg)
