@@ -5,8 +5,10 @@ fewer of either.
 
 Sub-sampling a measured truth answers it without new runs: with ``s`` of its steps, the width of an estimator's 95%
 Spearman interval (bootstrap over steps, so it shrinks like ``1/sqrt(s)``), and with the first ``c`` of its
-continuations, the median standard error of ``A_hat`` and the noise floor (the Spearman an exact estimator could
-reach), which rises with ``c`` towards 1. Steps buy tighter intervals, continuations a higher ceiling.
+continuations, the RMS standard error of ``A_hat`` and the noise floor (the Spearman an exact estimator could
+reach), which rises with ``c`` towards 1. Steps buy tighter intervals, continuations a higher ceiling. With very few
+continuations the standard errors are underestimated (returns that all agree give a sample variance of 0), so
+read the small-``c`` rows as optimistic.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 class BudgetRow:
     steps: int
     continuations: int
-    median_se: float
+    rms_se: float  # sqrt(mean SE^2); few continuations underestimate it (returns that all agree give SE 0)
     floor_spearman: float
     ci_width: float  # of the reference estimator's Spearman
 
@@ -56,14 +58,14 @@ def budget_table(truth: FidelityTruth, steps: list[int], continuations: list[int
                 pick = rng.choice(len(truth.steps), size=s, replace=False)
                 value = score({"est": advantage[pick]}, a_hat[pick], se[pick], resamples, seed).values["est"]
                 widths.append(value["spearman"].high - value["spearman"].low)
-            rows.append(BudgetRow(s, c, float(np.median(se)), floor, float(np.mean(widths))))
+            rows.append(BudgetRow(s, c, float(np.sqrt(np.mean(se**2))), floor, float(np.mean(widths))))
     return rows
 
 
 def markdown(rows: list[BudgetRow]) -> str:
-    lines = ["| steps | continuations | median SE of A_hat | noise floor (Spearman) | 95% interval width (Spearman) |",
+    lines = ["| steps | continuations | RMS SE of A_hat | noise floor (Spearman) | 95% interval width (Spearman) |",
              "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.steps} | {r.continuations} | {r.median_se:.3f} | {r.floor_spearman:.3f} | {r.ci_width:.3f} |"
+    lines += [f"| {r.steps} | {r.continuations} | {r.rms_se:.3f} | {r.floor_spearman:.3f} | {r.ci_width:.3f} |"
               for r in rows]
     return "\n".join(lines)
 

@@ -207,7 +207,7 @@ def test_budget_table_shows_what_fewer_steps_and_continuations_would_have_given(
     truth = chain_measurement[0]
     rows = {(r.steps, r.continuations): r for r in budget_table(truth, [10, 40], [4, 64], resamples=200)}
     assert set(rows) == {(10, 4), (40, 4), (10, 64), (40, 64)}
-    assert rows[(40, 64)].median_se < rows[(40, 4)].median_se  # more continuations, less noise
+    assert rows[(40, 64)].rms_se < rows[(40, 4)].rms_se  # more continuations, less noise
     assert rows[(40, 64)].floor_spearman > rows[(40, 4)].floor_spearman  # and a higher ceiling
     assert rows[(40, 64)].ci_width < rows[(10, 64)].ci_width  # more steps, a tighter interval
     table = main([str(truth.save(tmp_path / "truth.npz")), "--steps", "20", "--continuations", "8"])
