@@ -152,24 +152,15 @@ def _measure_built(run, spec: FidelityConfig, iteration: int, checkpoint: Path |
     timing.update(replay_s=spent.replay_s, generate_s=spent.generate_s, env_s=spent.env_s,
                   replay_steps=spent.replay_steps, env_steps=spent.env_steps, episodes=spent.episodes,
                   generated_tokens=spent.generated_tokens)
-    embedding = steps.embedding.numpy() if steps.embedding is not None else None
-    kept = played.kept
-    truth = FidelityTruth(
-        group=steps.group.numpy(), traj=steps.traj.numpy(), t=steps.t.numpy(), obs=steps.obs.numpy(),
-        reward=steps.reward.numpy(), embedding=embedding,
-        won=np.array([won[int(j)] for j in steps.traj], dtype=bool),
-        steps=chosen[kept], q_returns=played.q_returns[kept], v_returns=played.v_returns[kept],
-        p_action=played.p_action[kept], complement=played.complement[kept],
-        meta={
-            "env": run.suite.name, "model": run.policy.name, "seed": int(run.cfg.seed), "iteration": iteration,
-            "checkpoint": str(checkpoint) if checkpoint else None, "gamma": spec.gamma,
-            "continuations": spec.continuations, "steps_requested": spec.steps, "steps_dropped": int((~kept).sum()),
-            "truth_estimator": "complement" if complement else "sampled",
-            "batch_steps": steps.n, "tasks_per_batch": len(tasks), "group_size": rl.group_size,
-            "batch_success": float(np.mean([e.won for e in batch.episodes])), "machine": machine_label(),
-            "timing": timing,
-        },
-    )
+    truth = FidelityTruth.measured(steps, won, chosen, played, meta={
+        "env": run.suite.name, "model": run.policy.name, "seed": int(run.cfg.seed), "iteration": iteration,
+        "checkpoint": str(checkpoint) if checkpoint else None, "gamma": spec.gamma,
+        "continuations": spec.continuations, "steps_requested": spec.steps,
+        "truth_estimator": "complement" if complement else "sampled",
+        "batch_steps": steps.n, "tasks_per_batch": len(tasks), "group_size": rl.group_size,
+        "batch_success": float(np.mean([e.won for e in batch.episodes])), "machine": machine_label(),
+        "timing": timing,
+    })
     truth.save(spec.save or run.run_dir / "truth.npz")
     started = time.perf_counter()
     result = score_truth(truth, build_estimators(spec.estimators, run.cfg), spec.bootstrap, spec.seed)

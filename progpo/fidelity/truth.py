@@ -83,6 +83,21 @@ class FidelityTruth:
         return self._scale * np.sqrt(self.q_returns.var(axis=1, ddof=1) / self.q_returns.shape[1]
                                      + self.v_returns.var(axis=1, ddof=1) / self.v_returns.shape[1])
 
+    @classmethod
+    def measured(cls, steps: StepBatch, won_traj: dict[int, bool], chosen: np.ndarray, played: Continuations,
+                 meta: dict[str, Any]) -> FidelityTruth:
+        """The truth of a batch (``steps``, as the estimators see it) from ``measure_truth``'s continuations of its
+        ``chosen`` steps; the steps whose replay diverged are left out (``meta["steps_dropped"]`` counts them)."""
+        kept = played.kept
+        return cls(
+            group=steps.group.numpy(), traj=steps.traj.numpy(), t=steps.t.numpy(), obs=steps.obs.numpy(),
+            reward=steps.reward.numpy(), embedding=steps.embedding.numpy() if steps.embedding is not None else None,
+            won=np.array([won_traj[int(j)] for j in steps.traj], dtype=bool),
+            steps=chosen[kept], q_returns=played.q_returns[kept], v_returns=played.v_returns[kept],
+            p_action=played.p_action[kept], complement=played.complement[kept],
+            meta={**meta, "steps_dropped": int((~kept).sum())},
+        )
+
     def step_batch(self) -> StepBatch:
         """The estimators' view of the batch, as training built it."""
         return StepBatch(

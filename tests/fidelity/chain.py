@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from envs.base import SUCCESS_REWARD, EnvSuite, Observation, StepInfo, Task
+from envs.pool import EnvPool
+from progpo.rollout.collector import RolloutCollector
 from progpo.rollout.engines.base import Generation
 
 LENGTH = 4
@@ -53,6 +55,12 @@ def chain_suite(n_tasks: int = 4) -> EnvSuite:
     tasks = [Task(task_id=f"chain-{i}", task_type="chain") for i in range(n_tasks)]
     return EnvSuite(name="chain", env_factory=ChainEnv, train_tasks=tasks, eval_tasks=tasks[:1],
                     eval_fingerprint="chain", max_steps=MAX_STEPS, task_types=("chain",))
+
+
+def chain_collector(n_tasks: int = 4) -> RolloutCollector:
+    """The real collector and env pool (in-process) on the chain, with the scripted policy as its engine."""
+    suite = chain_suite(n_tasks)
+    return RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
 
 
 def true_values(gamma: float) -> tuple[np.ndarray, np.ndarray]:

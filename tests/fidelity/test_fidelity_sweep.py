@@ -15,14 +15,12 @@ import optuna
 import pytest
 import torch
 import yaml
-from chain import CellPrompts, ScriptedPolicy, chain_suite
+from chain import chain_collector
 
-from envs.pool import EnvPool
 from progpo.algo.iteration import step_batch
 from progpo.fidelity import FidelityTruth
 from progpo.fidelity.selection import step_features, stratified_sample
 from progpo.fidelity.truth import measure_truth
-from progpo.rollout.collector import RolloutCollector
 from progpo.sweep import FidelityObjective, SweepSpecError, load_spec, main, trial_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,25 +31,18 @@ GAMMA = 0.95
 def _measure(seed: int, path: Path) -> Path:
     """One chain batch (4 tasks x 6), 30 stratified steps with 16 + 16 continuations each, random embeddings."""
     torch.manual_seed(seed)
-    suite = chain_suite()
-    collector = RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
+    collector = chain_collector()
     try:
-        batch = collector.collect(suite.train_tasks, group_size=6)
+        batch = collector.collect(collector.suite.train_tasks, group_size=6)
         steps = step_batch(batch.turns, None)
         won = {e.traj: e.won for e in batch.episodes}
         chosen = stratified_sample(step_features(steps, won), 30, seed=seed)
         played = measure_truth(collector, batch.turns, batch.episodes, chosen, 16, GAMMA, chunk=1000)
     finally:
         collector.close()
-    embedding = np.random.default_rng(seed).standard_normal((steps.n, 8)).astype(np.float32)
-    kept = played.kept
-    truth = FidelityTruth(
-        group=steps.group.numpy(), traj=steps.traj.numpy(), t=steps.t.numpy(), obs=steps.obs.numpy(),
-        reward=steps.reward.numpy(), embedding=embedding, won=np.array([won[int(j)] for j in steps.traj]),
-        steps=chosen[kept], q_returns=played.q_returns[kept], v_returns=played.v_returns[kept],
-        p_action=played.p_action[kept], complement=played.complement[kept], meta={"gamma": GAMMA, "env": "chain"},
-    )
-    return truth.save(path)
+    embedding = torch.from_numpy(np.random.default_rng(seed).standard_normal((steps.n, 8)).astype(np.float32))
+    steps = step_batch(batch.turns, embedding)  # random state embeddings: semantic expansion has input
+    return FidelityTruth.measured(steps, won, chosen, played, {"gamma": GAMMA, "env": "chain"}).save(path)
 
 
 @pytest.fixture(scope="module")

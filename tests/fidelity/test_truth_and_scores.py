@@ -5,16 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from chain import ACTIONS, PROBS, CellPrompts, ScriptedPolicy, chain_suite, next_cell, true_values
+from chain import ACTIONS, PROBS, chain_collector, next_cell, true_values
 from scipy.stats import spearmanr
 
-from envs.pool import EnvPool
 from progpo.algo.iteration import step_batch
 from progpo.fidelity import FidelityTruth, noise_floor, score
 from progpo.fidelity.scoring import metric_rows
 from progpo.fidelity.selection import step_features, stratified_sample
 from progpo.fidelity.truth import ARRAYS, discounted_return, measure_truth
-from progpo.rollout.collector import EpisodeStart, RolloutCollector
+from progpo.rollout.collector import EpisodeStart
 
 GAMMA = 0.95
 
@@ -24,10 +23,9 @@ def chain_measurement(request):
     """A recorded batch of the chain, its true advantages, and their Monte-Carlo estimates (64 + 64 per step) by
     either estimator."""
     torch.manual_seed(0)
-    suite = chain_suite()
-    collector = RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
+    collector = chain_collector()
     try:
-        batch = collector.collect(suite.train_tasks, group_size=6)
+        batch = collector.collect(collector.suite.train_tasks, group_size=6)
         steps = step_batch(batch.turns, None)
         won = {e.traj: e.won for e in batch.episodes}
         chosen = stratified_sample(step_features(steps, won), 40, seed=0)
@@ -44,12 +42,7 @@ def chain_measurement(request):
         for earlier in sorted((x for x in batch.turns if x.traj == turn.traj and x.t < turn.t), key=lambda x: x.t):
             cell = next_cell(cell, earlier.action)
         true_a.append(true_q[turn.t, cell, ACTIONS.index(turn.action)] - true_v[turn.t, cell])
-    truth = FidelityTruth(
-        group=steps.group.numpy(), traj=steps.traj.numpy(), t=steps.t.numpy(), obs=steps.obs.numpy(),
-        reward=steps.reward.numpy(), embedding=None, won=np.array([won[int(j)] for j in steps.traj]),
-        steps=chosen, q_returns=played.q_returns, v_returns=played.v_returns, p_action=played.p_action,
-        complement=played.complement, meta={"gamma": GAMMA},
-    )
+    truth = FidelityTruth.measured(steps, won, chosen, played, meta={"gamma": GAMMA})
     assert played.complement.all() == (request.param == "complement")  # every chain action is admissible
     np.testing.assert_allclose(played.p_action, [PROBS[ACTIONS.index(batch.turns[i].action)] for i in chosen])
     return truth, np.array(true_a), played.kept, played.timing
@@ -140,10 +133,9 @@ def test_discounted_return_is_the_estimators_return_to_go():
 
 def test_a_diverging_replay_is_reported_and_its_step_dropped():
     torch.manual_seed(0)
-    suite = chain_suite(2)
-    collector = RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
+    collector = chain_collector(2)
     try:
-        batch = collector.collect(suite.train_tasks, group_size=2)
+        batch = collector.collect(collector.suite.train_tasks, group_size=2)
         turns = sorted((x for x in batch.turns if x.traj == 0), key=lambda x: x.t)
         task = batch.episodes[0].task
         good = EpisodeStart(task, tuple(x.action for x in turns), tuple(x.obs_id for x in turns),
@@ -165,30 +157,27 @@ def test_the_complement_estimator_is_tighter_on_the_same_steps():
     """Same steps, same number of continuations: leaving a_t out of the V continuations cuts the standard error by
     (1 - p) (the chain's policy is not very confident, so the gain here is the modest end of it)."""
     torch.manual_seed(0)
-    suite = chain_suite()
-    collector = RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
+    collector = chain_collector()
     try:
-        batch = collector.collect(suite.train_tasks, group_size=6)
+        batch = collector.collect(collector.suite.train_tasks, group_size=6)
         chosen = np.arange(0, len(batch.turns), 3)
-        sampled = measure_truth(collector, batch.turns, batch.episodes, chosen, 32, GAMMA, chunk=1000)
-        complement = measure_truth(collector, batch.turns, batch.episodes, chosen, 32, GAMMA, chunk=1000,
-                                   complement=True)
+        steps = step_batch(batch.turns, None)
+        won = {e.traj: e.won for e in batch.episodes}
+        sampled, complement = (
+            FidelityTruth.measured(steps, won, chosen, measure_truth(
+                collector, batch.turns, batch.episodes, chosen, 32, GAMMA, chunk=1000, complement=exclude), {})
+            for exclude in (False, True))
     finally:
         collector.close()
-
-    def se(m):
-        return np.where(m.complement, 1 - m.p_action, 1.0) * np.sqrt(
-            m.q_returns.var(axis=1, ddof=1) / 32 + m.v_returns.var(axis=1, ddof=1) / 32)
-
-    assert np.median(se(complement)) < np.median(se(sampled))
+    assert complement.complement.all() and not sampled.complement.any()
+    assert np.median(complement.se) < np.median(sampled.se)
 
 
 def test_measure_truth_drops_and_counts_the_steps_whose_replay_diverges():
     torch.manual_seed(0)
-    suite = chain_suite(2)
-    collector = RolloutCollector(suite, ScriptedPolicy(), CellPrompts(), lambda n: EnvPool(suite.env_factory, n, 0))
+    collector = chain_collector(2)
     try:
-        batch = collector.collect(suite.train_tasks, group_size=2)
+        batch = collector.collect(collector.suite.train_tasks, group_size=2)
         own = sorted((x for x in batch.turns if x.traj == 0), key=lambda x: x.t)
         assert len(own) >= 3
         own[1].obs_id += 1  # the record no longer matches what the env shows at step 1 of trajectory 0
