@@ -143,7 +143,7 @@ def test_sigkilled_run_is_not_finished_and_the_report_leaves_it_out(tmp_path):
     assert run.info.run_name == "progpo-webshop-tiny-seed0"
     assert 0 in [m.step for m in client.get_metric_history(run.info.run_id, "val/success")]  # the start value
 
-    with pytest.raises(ValueError, match=r"no FINISHED training runs \(left out 1 run\(s\).*1 KILLED"):
+    with pytest.raises(ValueError, match=r"no FINISHED training runs nor fidelity runs \(left out 1 run\(s\).*1 KILLED"):
         make_report("killed", tmp_path / "report", tracking_uri=uri, upload=False)
     assert client.get_run(run.info.run_id).info.status == "KILLED"  # its process is gone
 
