@@ -149,7 +149,7 @@ def _measure_built(run, spec: FidelityConfig, iteration: int, checkpoint: Path |
                                spec.chunk, complement)
         timing["continuations_s"] = time.perf_counter() - started
     spent = played.timing
-    timing.update(replay_s=spent.replay_s, generate_s=spent.generate_s, env_s=spent.env_s,
+    timing.update(replay_s=spent.replay_seconds, generate_s=spent.generate_seconds, env_s=spent.env_seconds,
                   replay_steps=spent.replay_steps, env_steps=spent.env_steps, episodes=spent.episodes,
                   generated_tokens=spent.generated_tokens)
     truth = FidelityTruth.measured(steps, won, chosen, played, meta={

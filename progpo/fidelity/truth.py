@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from progpo.credit import StepBatch
-from progpo.rollout.collector import ContinuationBatch, ContinuedEpisode, EpisodeStart
+from progpo.rollout.collector import ContinuedEpisode, EpisodeStart, PlayTiming
 from progpo.types import Episode, Turn
 
 log = logging.getLogger(__name__)
@@ -159,29 +159,7 @@ def continuation_starts(turns: list[Turn], episodes: list[Episode], step: int, c
     return [q_start] * continuations, [v_start] * continuations
 
 
-@dataclass
-class ContinuationTiming:
-    """Where the measurement's time went (seconds, summed over chunks), and how much was played."""
-
-    replay_s: float = 0.0
-    generate_s: float = 0.0
-    env_s: float = 0.0
-    replay_steps: int = 0
-    env_steps: int = 0
-    generated_tokens: int = 0
-    episodes: int = 0  # continuations played (a chunk's padding not counted; its time is)
-
-    def add(self, part: ContinuationBatch, episodes: int) -> None:
-        self.replay_s += part.replay_seconds
-        self.generate_s += part.generate_seconds
-        self.env_s += part.env_seconds
-        self.replay_steps += part.replay_steps
-        self.env_steps += part.env_steps
-        self.generated_tokens += part.generated_tokens
-        self.episodes += episodes
-
-
-def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing: ContinuationTiming
+def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing: PlayTiming
                        ) -> list[ContinuedEpisode]:
     """All ``starts`` through ``collector.continue_from``, ``chunk`` envs at a time, with a progress bar; the
     episodes come back in the order of ``starts``.
@@ -198,7 +176,7 @@ def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing
             part = order[first : first + size]
             padded = part + [part[-1]] * (size - len(part))  # the last chunk reuses the pool (extra runs dropped)
             batch = collector.continue_from([starts[i] for i in padded])
-            timing.add(batch, len(part))
+            timing.add(replace(batch.timing, episodes=len(part)))  # a chunk's padding is timed, not counted
             for i, episode in zip(part, batch.episodes):
                 played[i] = episode
             bar.update(len(part))
@@ -215,7 +193,7 @@ class Continuations:
     p_action: np.ndarray
     complement: np.ndarray
     kept: np.ndarray
-    timing: ContinuationTiming
+    timing: PlayTiming
 
 
 def action_probability(turn: Turn) -> float:
@@ -233,7 +211,7 @@ def measure_truth(collector, turns: list[Turn], episodes: list[Episode], steps: 
         q, v = continuation_starts(turns, episodes, int(step), continuations, complement)
         q_starts += q
         v_starts += v
-    timing = ContinuationTiming()
+    timing = PlayTiming()
     played = play_continuations(collector, q_starts + v_starts, chunk, timing)
     s = len(steps)
     q_played, v_played = played[: s * continuations], played[s * continuations :]

@@ -124,14 +124,13 @@ class RolloutCollector:
                              error=state.errors[i], excluded=bool(state.excluded[i]))
             for i in range(len(starts))
         ]
-        return ContinuationBatch(episodes, replay_seconds=replay_s, replay_steps=replay_steps,
-                                 generate_seconds=timing.generate_seconds, env_seconds=timing.env_seconds,
-                                 generated_tokens=timing.generated_tokens, env_steps=timing.env_steps)
+        timing.replay_seconds, timing.replay_steps, timing.episodes = replay_s, replay_steps, len(starts)
+        return ContinuationBatch(episodes, timing)
 
     def _play(self, state: _Playing, pool, greedy: bool, temperature: float | None, desc: str | None
-              ) -> _PlayTiming:
+              ) -> PlayTiming:
         """The lock-step loop: prompts of the active envs -> one batched generate -> project -> step them."""
-        timing = _PlayTiming()
+        timing = PlayTiming()
         # A collection lasts seconds to minutes: say how far it is (finished episodes, longest episode's step).
         bar = tqdm(total=len(state.tasks), initial=len(state.tasks) - len(state.active), desc=desc, unit="ep",
                    leave=False, mininterval=5, disable=desc is None)
@@ -223,24 +222,28 @@ class ContinuedEpisode:
 
 
 @dataclass
-class ContinuationBatch:
-    """``continue_from``'s episodes (in the order of the starts) and where the time went."""
+class PlayTiming:
+    """Where a collection's time went and how much it played; ``add`` sums them (e.g. over chunks of starts)."""
 
-    episodes: list[ContinuedEpisode]
-    replay_seconds: float
-    replay_steps: int
-    generate_seconds: float
-    env_seconds: float
-    generated_tokens: int
-    env_steps: int
-
-
-@dataclass
-class _PlayTiming:
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
     generated_tokens: int = 0
     env_steps: int = 0
+    replay_seconds: float = 0.0  # ``continue_from`` only: restoring the recorded prefixes
+    replay_steps: int = 0
+    episodes: int = 0
+
+    def add(self, other: PlayTiming) -> None:
+        for name in vars(other):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class ContinuationBatch:
+    """``continue_from``'s episodes (in the order of the starts) and where the time went."""
+
+    episodes: list[ContinuedEpisode]
+    timing: PlayTiming
 
 
 class _Playing:

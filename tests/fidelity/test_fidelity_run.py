@@ -113,7 +113,7 @@ def test_replay_reproduces_recorded_observations_and_rewards(env, tmp_path):
     for start, episode in zip(starts, played.episodes):
         assert episode.diverged_at is None
         assert episode.rewards == list(start.expected_rewards)
-    assert played.replay_steps == sum(len(s.actions) for s in starts)
+    assert played.timing.replay_steps == sum(len(s.actions) for s in starts)
 
 
 @pytest.mark.parametrize(("override", "key"), [
