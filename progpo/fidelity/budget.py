@@ -45,7 +45,7 @@ def budget_table(truth: FidelityTruth, steps: list[int], continuations: list[int
     """One row per (steps, continuations) pair within what the truth holds; the interval is that of
     ``estimator``'s Spearman (ProGPO at the paper's defaults unless given), averaged over 5 random step subsets."""
     estimator = estimator or ProGPO()
-    advantage = estimator(truth.step_batch()).advantage.double().cpu().numpy()[truth.steps]
+    advantage = truth.estimates(estimator)
     rng = np.random.default_rng(seed)
     rows = []
     for c in [c for c in continuations if 2 <= c <= truth.q_returns.shape[1]]:

@@ -46,7 +46,7 @@ def score_truth(truth: FidelityTruth, estimators: dict[str, Any], bootstrap: int
                 ) -> FidelityResult:
     """Every estimator on the truth's batch, scored against its measured steps (overall and per slice)."""
     batch = truth.step_batch()
-    estimates = {name: est(batch).advantage.double().cpu().numpy()[truth.steps] for name, est in estimators.items()}
+    estimates = {name: truth.estimates(est, batch) for name, est in estimators.items()}
     a_hat, se = truth.a_hat, truth.se
     features = step_features(batch, {int(j): bool(w) for j, w in zip(truth.traj, truth.won)})
     slices = {}
@@ -61,8 +61,7 @@ def score_truth(truth: FidelityTruth, estimators: dict[str, Any], bootstrap: int
 def point_metrics(truth: FidelityTruth, estimator: Any, batch: StepBatch | None = None) -> dict[str, float]:
     """One estimator's metrics on the truth's measured steps, without intervals: a sweep trial's objective
     (milliseconds). ``batch``: ``truth.step_batch()`` built once by a caller that scores many estimators."""
-    est = estimator(batch if batch is not None else truth.step_batch()).advantage.double().cpu().numpy()
-    rows = metric_rows(est[truth.steps], truth.a_hat, truth.se)
+    rows = metric_rows(truth.estimates(estimator, batch), truth.a_hat, truth.se)
     return {m: float(rows[m]) for m in METRICS}
 
 

@@ -98,6 +98,12 @@ class FidelityTruth:
             meta={**meta, "steps_dropped": int((~kept).sum())},
         )
 
+    def estimates(self, estimator: Any, batch: StepBatch | None = None) -> np.ndarray:
+        """``estimator``'s advantages on the measured steps (it scores the whole batch, as in training); ``batch``:
+        ``step_batch()`` built once by a caller that scores many estimators."""
+        batch = batch if batch is not None else self.step_batch()
+        return estimator(batch).advantage.double().cpu().numpy()[self.steps]
+
     def step_batch(self) -> StepBatch:
         """The estimators' view of the batch, as training built it."""
         return StepBatch(

@@ -102,7 +102,7 @@ class TruthFiles:
 
     def advantages(self, estimator: Any) -> list[np.ndarray]:
         """The estimator's advantages on every file's measured steps."""
-        return [estimator(b).advantage.double().cpu().numpy()[t.steps] for t, b in zip(self.truths, self.batches)]
+        return [t.estimates(estimator, b) for t, b in zip(self.truths, self.batches)]
 
 
 def _mean(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
