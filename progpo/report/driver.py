@@ -172,7 +172,6 @@ def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[s
     """Figures 4 and 5 of every env as PNG; a link to each is appended to ``sections``. When the experiment holds
     both method runs and ablation runs, the methods get ``fig4_success``/``fig5_credit`` and the variants (as in
     Table 3) their own ``fig4_ablation``/``fig5_ablation``, so neither figure carries seven lines."""
-    import matplotlib.pyplot as plt
 
     methods = [r for r in records if not r.ablation]
     sets = [("fig4_success", "fig5_credit", methods or list(records))]
@@ -183,13 +182,19 @@ def _write_figures(records: Sequence[RunRecord], out_dir: Path, sections: list[s
         for env in sorted({r.env for r in chosen}):
             env_records = [r for r in chosen if r.env == env]
             for stem, build in ((success_stem, success_figure), (credit_stem, credit_figure)):
-                fig = build(env_records, env)
-                path = out_dir / f"{stem}_{env}.png"
-                fig.savefig(path, dpi=120)
-                plt.close(fig)
-                figures.append(path)
-                sections.append(f"![{stem} {env}]({path.name})\n")
+                figures.append(_save_figure(build(env_records, env), out_dir, stem, env, sections))
     return figures
+
+
+def _save_figure(fig, out_dir: Path, stem: str, env: str, sections: list[str]) -> Path:
+    """``<stem>_<env>.png`` in ``out_dir``, closed, with a link to it appended to ``sections``."""
+    import matplotlib.pyplot as plt
+
+    path = out_dir / f"{stem}_{env}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    sections.append(f"![{stem} {env}]({path.name})\n")
+    return path
 
 
 def _write_fidelity_table(fidelity: Sequence[FidelityRecord], left_out: dict[str, int], out_dir: Path,
@@ -211,17 +216,8 @@ def _write_fidelity_table(fidelity: Sequence[FidelityRecord], left_out: dict[str
 
 def _write_fidelity_figures(fidelity: Sequence[FidelityRecord], out_dir: Path, sections: list[str]) -> list[Path]:
     """Figure 6 of every env (``fig6_fidelity_<env>.png``); a link to each is appended to ``sections``."""
-    import matplotlib.pyplot as plt
-
-    figures = []
-    for env in sorted({r.env for r in fidelity}):
-        fig = fidelity_figure(fidelity, env)
-        path = out_dir / f"fig6_fidelity_{env}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        figures.append(path)
-        sections.append(f"![fig6_fidelity {env}]({path.name})\n")
-    return figures
+    return [_save_figure(fidelity_figure(fidelity, env), out_dir, "fig6_fidelity", env, sections)
+            for env in sorted({r.env for r in fidelity})]
 
 
 def attach_to_mlflow(client: Any, experiment: str, out_dir: Path) -> str:
