@@ -16,24 +16,26 @@ ALLOWED: dict[str, set[str]] = {
     "envs": set(),
     "progpo.types": set(),
     "progpo.masks": set(),
-    "progpo.loss": set(),
+    "progpo.algo.loss": set(),  # the PPO loss: a leaf inside the algorithm
+    "progpo.progress": set(),  # progress bars (TTY or plain log lines): a leaf
     "progpo.credit": set(),
     "progpo.config": set(),
     "progpo.hardware": set(),  # CPU feature flags: a leaf
     "progpo.dist": set(),  # rank, world size, gathers: a leaf (torch.distributed only)
     "progpo.tracking": {"progpo.config", "progpo.hardware"},  # runs are tagged with their machine
     "progpo.models": {"progpo.types", "progpo.masks", "envs"},
-    "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "envs"},
+    "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "progpo.progress", "envs"},
     "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "progpo.hardware",
-                         "envs"},  # warm_start.precision=auto asks the hardware leaf
-    "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.loss", "progpo.config", "progpo.dist"},
+                         "progpo.progress", "envs"},  # warm_start.precision=auto asks the hardware leaf
+    "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.algo.loss", "progpo.config",
+                    "progpo.dist"},
     "progpo.lit": {"progpo.algo", "progpo.types", "progpo.config", "progpo.tracking", "progpo.credit", "progpo.dist",
-                   "envs"},
+                   "progpo.progress", "envs"},
 }
 
 
 # Entry points at the top of the house (``python -m progpo.<name>``): they may import any layer.
-ENTRY_POINTS = {"progpo.sweep", "progpo.report", "progpo.fidelity"}
+ENTRY_POINTS = {"progpo.sweep", "progpo.report", "progpo.fidelity", "progpo.bench"}
 
 
 def _package(module: str) -> str | None:

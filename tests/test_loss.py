@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from progpo.loss import KL_CLAMP, ppo_loss
+from progpo.algo.loss import KL_CLAMP, ppo_loss
 
 
 def test_hand_computed_example():

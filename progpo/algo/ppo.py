@@ -1,7 +1,7 @@
 """The clipped-surrogate update of one iteration: PPO epochs of minibatches over the scored turns.
 
 The advantage of a step is broadcast to its response tokens; the loss is a token-mean over the minibatch
-(``progpo.loss.ppo_loss``). Gradient accumulation over micro-batches keeps memory flat. On several ranks the
+(``progpo.algo.loss.ppo_loss``). Gradient accumulation over micro-batches keeps memory flat. On several ranks the
 minibatches and the token-mean are those of one process (``minibatch_plan``, ``ppo_update``).
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from progpo import dist
+from progpo.algo.loss import LossOutput, ppo_loss
 from progpo.algo.scoring import (
     ScoredTurns,
     allowed_ids,
@@ -24,7 +25,6 @@ from progpo.algo.scoring import (
     turn_content,
 )
 from progpo.config import PPOConfig
-from progpo.loss import LossOutput, ppo_loss
 from progpo.models.logprobs import forward_logprobs
 from progpo.types import Turn
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from progpo.credit import StepBatch
+from progpo.progress import progress_bar
 from progpo.rollout.collector import ContinuedEpisode, EpisodeStart, PlayTiming
 from progpo.types import Episode, Turn
 
@@ -177,7 +177,7 @@ def play_continuations(collector, starts: list[EpisodeStart], chunk: int, timing
     n_chunks = -(-len(starts) // chunk)
     size = -(-len(starts) // n_chunks)
     played: list[ContinuedEpisode | None] = [None] * len(starts)
-    with tqdm(total=len(starts), desc="continuations", unit="ep", mininterval=5) as bar:
+    with progress_bar(total=len(starts), desc="continuations", unit="ep", mininterval=5) as bar:
         for first in range(0, len(order), size):
             part = order[first : first + size]
             padded = part + [part[-1]] * (size - len(part))  # the last chunk reuses the pool (extra runs dropped)

@@ -22,9 +22,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from tqdm.auto import tqdm
 
 from progpo.lit.module import finite
+from progpo.progress import Bar, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,14 @@ class IterationProgressBar(L.Callback):
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.bar: tqdm | None = None
+        self.bar: Bar | None = None
         self.postfix: dict[str, str] = {}
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
         done = trainer.datamodule.iterations_done if trainer.datamodule is not None else 0
-        self.bar = tqdm(total=self.total, initial=done, desc="RL iterations", unit="it", dynamic_ncols=True)
+        self.bar = progress_bar(total=self.total, initial=done, desc="RL iterations", unit="it", dynamic_ncols=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         result = _result(outputs)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from envs.base import EnvSuite, Observation, Task, obs_id
+from progpo.progress import progress_bar
 from progpo.rollout.projection import project_action
 from progpo.types import Episode, RolloutBatch, Turn
 
@@ -132,7 +132,7 @@ class RolloutCollector:
         """The lock-step loop: prompts of the active envs -> one batched generate -> project -> step them."""
         timing = PlayTiming()
         # A collection lasts seconds to minutes: say how far it is (finished episodes, longest episode's step).
-        bar = tqdm(total=len(state.tasks), initial=len(state.tasks) - len(state.active), desc=desc, unit="ep",
+        bar = progress_bar(total=len(state.tasks), initial=len(state.tasks) - len(state.active), desc=desc, unit="ep",
                    leave=False, mininterval=5, disable=desc is None)
         while state.active:
             active = list(state.active)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from tqdm.auto import tqdm
 
+from progpo.progress import progress_bar
 from progpo.sweep.spec import SweepSpec
 from progpo.sweep.study import (
     KilledTrialCallback,
@@ -147,7 +147,7 @@ def _progress_bar(
     best: list[float] = []
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    bar = tqdm(total=spec.n_trials, initial=min(trials_toward_n(study.get_trials(deepcopy=False)), spec.n_trials),
+    bar = progress_bar(total=spec.n_trials, initial=min(trials_toward_n(study.get_trials(deepcopy=False)), spec.n_trials),
                desc=spec.study_name, unit="trial", mininterval=5)
 
     def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:

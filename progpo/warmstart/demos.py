@@ -13,10 +13,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tqdm.auto import tqdm
-
 from envs.base import EnvSuite
 from progpo.config.groups import WarmStartConfig
+from progpo.progress import progress_bar
 from progpo.rollout.projection import (
     PLACEHOLDER,
     fills_placeholder,
@@ -97,7 +96,7 @@ def _expert_episodes(suite: EnvSuite, cfg: WarmStartConfig, episodes: range, max
                 f"warm_start.focus_episodes needs an env that reports its page (page_kind); {type(env).__name__} "
                 "does not: set warm_start.focus_episodes=0"
             )
-        for episode in tqdm(episodes, desc=desc, leave=False, mininterval=5):
+        for episode in progress_bar(episodes, desc=desc, leave=False, mininterval=5):
             task = suite.train_tasks[episode % len(suite.train_tasks)]
             _play_episode(env, task, episode, max_steps, cfg, rng, demos, stats, label_pages)
             stats.episodes += 1

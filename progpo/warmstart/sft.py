@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from tqdm.auto import tqdm
 
 from progpo.config.groups import WarmStartConfig
 from progpo.hardware import resolve_precision
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
+from progpo.progress import progress_bar
 from progpo.rollout.prompt import PromptBuilder
 from progpo.warmstart.demos import DemoStep, response_text
 
@@ -79,7 +79,7 @@ def supervised_finetune(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
     model.train()
     step, started, first_loss, last_loss = 0, time.perf_counter(), float("nan"), float("nan")
-    bar = tqdm(total=total, desc="warm start SFT", leave=False, mininterval=5)
+    bar = progress_bar(total=total, desc="warm start SFT", leave=False, mininterval=5)
     lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     while step < total:
         for rows in length_bucketed_batches(lengths, cfg.batch_size, generator):

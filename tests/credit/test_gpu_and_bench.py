@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from progpo.bench import main as bench_main
-from progpo.bench import synthetic_batch
+from progpo.bench.cli import main as bench_main
+from progpo.bench.credit import synthetic_batch
 from progpo.credit import GRPO, HGPO, GiGPO, ProGPO, StepBatch
 
 from .batches import random_arrays

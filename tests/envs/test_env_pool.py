@@ -219,8 +219,8 @@ def _play_in_this_process(n_envs: int) -> tuple[str | None, list[str]]:
 
 
 def test_pool_starts_inside_a_loky_worker():
-    """Hydra's joblib launcher runs each job in a loky worker, whose start method is "loky": the env workers
-    spawned there used to die at start-up (a child cannot look up "loky"). Two jobs at once, as the launcher."""
+    """Hydra's joblib launcher runs each job in a loky worker, whose start method is "loky", which a child cannot
+    look up: the pool must start its env workers there all the same. Two jobs at once, as the launcher."""
     from joblib import Parallel, delayed
 
     results = Parallel(n_jobs=2, backend="loky")(delayed(_play_in_this_process)(2) for _ in range(2))

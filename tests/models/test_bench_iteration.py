@@ -7,8 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from progpo.bench import main as bench_main
-from progpo.bench_iteration import ModelShape
+from progpo.bench.cli import main as bench_main
+from progpo.bench.iteration import ModelShape
 
 
 def _model() -> Qwen2ForCausalLM:

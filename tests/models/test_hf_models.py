@@ -13,7 +13,7 @@ import torch
 from processes import startup_bound_s
 from toy_env import save_random_qwen2
 
-from progpo.loss import ppo_loss
+from progpo.algo.loss import ppo_loss
 from progpo.models.hf import build_hf, hub_reachable
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.models.policy import make_reference

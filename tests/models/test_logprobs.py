@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from progpo.loss import ppo_loss
+from progpo.algo.loss import ppo_loss
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.models.policy import make_reference
 from progpo.types import Policy

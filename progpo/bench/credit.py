@@ -1,9 +1,4 @@
-"""Benchmarks, run as ``python -m progpo.bench SUBCOMMAND``.
-
-``iteration``: one training iteration's phases, float32 against bf16, against the machine's matmul peak
-(``progpo.bench_iteration``). ``decoding``: the HF engine's KV-cache loop against transformers ``generate`` on
-one iteration's recorded engine calls (``progpo.bench_decoding``). ``knn``: ProGPO's semantic search, torch
-against faiss.
+"""``python -m progpo.bench credit`` and ``python -m progpo.bench knn``: the credit estimators' wall time.
 
 ``credit``: builds a paper-scale synthetic rollout batch (16 tasks x 8 rollouts x up to 50 steps, realistic
 state recurrence, 1536-dim float32 embeddings) and prints, for every credit estimator, the median wall time
@@ -28,10 +23,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from progpo import bench_decoding, bench_iteration
 from progpo.credit import GRPO, HGPO, GiGPO, ProGPO, StepBatch
 
-__all__ = ["main", "synthetic_batch"]
+__all__ = ["add_parsers", "bench_credit", "bench_knn", "synthetic_batch"]
 
 
 def synthetic_batch(
@@ -164,9 +158,8 @@ def bench_knn(args: argparse.Namespace) -> None:
                 out.flush()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m progpo.bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_parsers(sub) -> None:
+    """The ``credit`` and ``knn`` subcommands."""
     credit = sub.add_parser("credit", help="time the credit estimators on a paper-scale synthetic batch")
     credit.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     credit.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 8])
@@ -184,11 +177,3 @@ def main(argv: list[str] | None = None) -> None:
     knn.add_argument("--threads", type=int, default=0)
     knn.add_argument("--seed", type=int, default=0)
     knn.set_defaults(run=bench_knn)
-    bench_iteration.add_parser(sub)
-    bench_decoding.add_parser(sub)
-    args = parser.parse_args(argv)
-    args.run(args)
-
-
-if __name__ == "__main__":
-    main()

@@ -4,7 +4,7 @@ Plays one iteration's tasks with the configured run (default: the laptop default
 collector makes to the engine (prompts, admissible lists, task texts). The recorded calls are then replayed,
 alternately, through the engine's KV-cache loop (``progpo.rollout.engines.kv_decoding``: each distinct prompt
 prefilled once, forced tokens appended without a model call) and through transformers ``generate`` with the
-same grammar as a logits processor (the engine's decoding before this loop; kept here only as the baseline),
+same grammar as a logits processor (the baseline: every row prefilled, every token a model call),
 with the same sampling settings. It prints both times, the ratio, tokens/s and the decoder calls each made.
 """
 
@@ -25,7 +25,7 @@ from progpo.rollout.engines.constrained import AnswerCursor, answer_space
 from progpo.rollout.engines.hf_engine import HFEngine
 from progpo.rollout.engines.kv_decoding import StopRule, left_pad
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 @dataclass

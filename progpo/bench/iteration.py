@@ -32,7 +32,7 @@ from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.types import RolloutBatch, Turn
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 @dataclass(frozen=True)
