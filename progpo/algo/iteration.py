@@ -60,7 +60,7 @@ class EvalResult:
 
 
 def step_batch(turns: list[Turn], embeddings: torch.Tensor | None) -> StepBatch:
-    """The credit estimators' view of a batch (``docs/credit.md``, "Input")."""
+    """The credit estimators' view of a batch (``docs/guide/credit.md``, "Input")."""
     return StepBatch(
         group=torch.tensor([t.group for t in turns], dtype=torch.long),
         traj=torch.tensor([t.traj for t in turns], dtype=torch.long),

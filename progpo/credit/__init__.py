@@ -1,4 +1,4 @@
-"""Credit estimators: ``StepBatch -> CreditResult`` (contract: ``docs/credit.md``).
+"""Credit estimators: ``StepBatch -> CreditResult`` (contract: ``docs/guide/credit.md``).
 
 - ``GRPO``: trajectory-level group advantage (paper Eq. 1).
 - ``GiGPO``: episode plus anchor-state step advantage (Eqs. 1-2).

@@ -3,7 +3,7 @@
 A batch holds ``n`` steps in any order. Each step belongs to one trajectory (``traj``) of one task
 group (``group``); ``t`` is its 0-based index inside the trajectory, ``obs`` the id of the observation
 the agent saw before acting, ``reward`` the reward of its action and ``embedding`` (optional) the policy's
-hidden state at the action boundary. See ``docs/credit.md``, section "Input".
+hidden state at the action boundary. See ``docs/guide/credit.md``, section "Input".
 
 Construction validates the batch (``ValueError`` naming the field) and computes its ``Layout``: the
 permutation that sorts steps by ``(traj, t)`` plus the dense ranks every estimator needs. The layout is

@@ -1,6 +1,6 @@
 """ProGPO: prefix-consistent peer comparison plus transition credit from fused state potentials.
 
-Paper Section 4.2; the exact contract is ``docs/credit.md``:
+Paper Section 4.2; the exact contract is ``docs/guide/credit.md``:
 
 1. ``A_hier`` (Eqs. 3-5): exact-prefix groups of depths ``k = 1..history+1``; depth ``k`` is valid for a
    step when ``n_k >= 2`` and its returns are not all identical; ``A_k = (R - mu_k) / (sd_k + eps)`` averaged

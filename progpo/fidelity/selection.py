@@ -4,7 +4,7 @@ Three yes/no features of a step define eight strata, sampled as evenly as their 
 sample would be mostly late steps of lost trajectories, and the question is where credit is right):
 
 - ``peers``: another step of the same task group saw the same observation (the depth-1 exact-prefix group has
-  at least two members, ``docs/credit.md``), so peer comparison has something to compare with;
+  at least two members, ``docs/guide/credit.md``), so peer comparison has something to compare with;
 - ``late``: the step index is at or above the batch's median step index;
 - ``won``: the step's trajectory was won.
 """

@@ -1,4 +1,4 @@
-"""Plain-Python reference of the credit estimators, written from ``docs/credit.md`` alone.
+"""Plain-Python reference of the credit estimators, written from ``docs/guide/credit.md`` alone.
 
 Dictionaries and for-loops over Python floats only: no torch, no numpy vectorisation, no code shared with
 ``progpo.credit``. The vectorised estimators must agree with these functions to 1e-6.

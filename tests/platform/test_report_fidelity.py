@@ -199,7 +199,8 @@ def test_runs_json_rebuilds_table4_exactly(store, empty_db, tmp_path):
 
 def test_old_archives_without_fidelity_runs_still_load(empty_db, tmp_path):
     """A committed runs.json written before Table 4 (no ``fidelity`` key) rebuilds as before."""
-    archives = sorted(Path(__file__).resolve().parents[2].glob("docs/*/runs.json"), key=lambda p: p.stat().st_size)
+    archives = sorted(Path(__file__).resolve().parents[2].glob("docs/results/*/runs.json"),
+                      key=lambda p: p.stat().st_size)
     assert archives
     archive = archives[0]  # the smallest: fast
     experiment = json.loads(archive.read_text())["experiment"]
