@@ -19,24 +19,57 @@ log = logging.getLogger(__name__)
 _RESUME_KEYS = ("resume", "ckpt_path")
 
 
-def _name_or(name: str | None, default: str) -> str:
-    """``${progpo.name_or:${run_name},<default>}``: the run's folder is named by ``run_name`` when one is given.
+def env_name(target: str) -> str:
+    """The env's part of a run name, from its builder: ``envs.<module>.make_suite`` -> ``<module>``,
+    ``envs.<module>.make_<variant>_suite`` -> ``<module>_<variant>`` (``envs.webshop.make_real_suite`` ->
+    ``webshop_real``), so each ``conf/env`` file names its runs as the file is named."""
+    parts = str(target).split(".")
+    if len(parts) < 3:
+        return "env"
+    builder = parts[-1]
+    variant = builder[len("make_"):-len("_suite")] if builder.startswith("make_") and builder.endswith("_suite") else ""
+    return f"{parts[1]}_{variant}" if variant else parts[1]
 
-    Without it, two runs that differ only in an override (an ablation, a second setting of one method) share
-    Hydra's ``<credit>-<env>-<model>-seed<seed>`` folder, and the second silently replaces the first's config,
-    metrics and checkpoints."""
-    return str(name) if name else default
 
-
-OmegaConf.register_new_resolver("progpo.name_or", _name_or, replace=True)
+def policy_name(cfg: DictConfig) -> str:
+    """``<env>-<model>-seed<seed>``: the policy a run trains or a measurement plays."""
+    return f"{env_name(cfg.env._target_)}-{cfg.model.get('name', 'model')}-seed{cfg.seed}"
 
 
 def default_run_name(cfg: DictConfig) -> str:
-    """<credit>-<env>-<model>-seed<seed>, from the config alone (works with Hydra's compose API too)."""
+    """``<credit>-<env>-<model>-seed<seed>``, from the config alone (works with Hydra's compose API too)."""
     credit = str(cfg.credit._target_).rsplit(".", 1)[-1].lower()
-    env = str(cfg.env._target_).split(".")[1] if str(cfg.env._target_).count(".") >= 2 else "env"
-    model = str(cfg.model.get("name", "model"))
-    return f"{credit}-{env}-{model}-seed{cfg.seed}"
+    return f"{credit}-{policy_name(cfg)}"
+
+
+def run_name(cfg: DictConfig, kind: str = "train") -> str:
+    """The run's name: its folder (``hydra.run.dir``), its MLflow run and ``cfg.run_name`` all come from here.
+
+    ``run_name`` when one is given (two runs that differ only in an override, e.g. an ablation, need names of their
+    own, or the second replaces the first's config, metrics and checkpoints). Else, ``kind="train"``:
+    ``<credit>-<env>-<model>-seed<seed>``; ``kind="fidelity"``: ``fidelity-<env>-<model>-seed<seed>``, with
+    ``-<run>-<checkpoint>`` when a checkpoint is measured (the warm start's and a trained policy's measurements get
+    folders of their own).
+    """
+    if cfg.get("run_name"):
+        return str(cfg.run_name)
+    if kind == "train":
+        return default_run_name(cfg)
+    if kind != "fidelity":
+        raise ValueError(f"run_name kind must be train or fidelity, got {kind!r}")
+    name = f"fidelity-{policy_name(cfg)}"
+    if cfg.get("ckpt_path"):
+        path = Path(str(cfg.ckpt_path))
+        name += f"-{path.parent.parent.name}-{path.stem}"
+    return name
+
+
+def _run_name_resolver(kind: str = "train", *, _root_: DictConfig) -> str:
+    """``${progpo.run_name:}`` (``${progpo.run_name:fidelity}``): :func:`run_name` of the config it sits in."""
+    return run_name(_root_, kind)
+
+
+OmegaConf.register_new_resolver("progpo.run_name", _run_name_resolver, replace=True)
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
@@ -47,7 +80,7 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
 
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
-    return Path("outputs") / "runs" / (cfg.get("run_name") or default_run_name(cfg))
+    return Path("outputs") / "runs" / run_name(cfg)
 
 
 def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:

@@ -23,10 +23,10 @@ from progpo.config import ConfigError, RunConfig, preflight_model, validate_conf
 from progpo.hardware import cpu_has_fast_bf16, machine_label, resolve_precision
 from progpo.runs import (
     check_world_size,
-    default_run_name,
     find_resume_checkpoint,
     quiet_lightning,
     resolve_run_dir,
+    run_name,
     save_or_compare_config,
     stored_run_id,
 )
@@ -82,7 +82,7 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     run_dir = resolve_run_dir(cfg)
     with open_dict(cfg):
         cfg.run_dir = str(run_dir)
-        cfg.run_name = cfg.get("run_name") or default_run_name(cfg)
+        cfg.run_name = run_name(cfg)  # the MLflow run is named as the folder (hydra.run.dir) is
     ckpt = find_resume_checkpoint(cfg, run_dir)
     run_id = stored_run_id(ckpt)  # reads the checkpoint: an empty or corrupt one fails here, naming the file
     check_world_size(ckpt, typed.trainer.world_size)

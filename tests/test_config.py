@@ -121,7 +121,7 @@ def _run_dir(*overrides: str) -> str:
     """The run folder ``python -m progpo.train <overrides>`` would use (Hydra's run dir, resolved as at start)."""
     from hydra.core.hydra_config import HydraConfig
 
-    import progpo.runs  # noqa: F401  (registers the progpo.name_or resolver, as importing progpo.train does)
+    import progpo.runs  # noqa: F401  (registers the progpo.run_name resolver, as importing progpo.train does)
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)

@@ -1,5 +1,9 @@
 """Typed config groups: one dataclass per concept, one name per setting (``conf/<group>/*.yaml``).
 
+The YAML files are where defaults are decided; a field's default here is the value ``python -m progpo.train`` composes
+without overrides (``conf/config.yaml``), so a group built in Python is the command line's
+(``tests/test_config_defaults.py`` holds the two equal).
+
 ``trainer`` holds only what ``lightning.Trainer`` takes; the RL algorithm's settings live in ``ppo``,
 held-out evaluation in ``eval``, the iteration schedule in ``schedule`` and the optimiser in ``optim`` (a
 ``_target_`` component, like lightning-hydra-template's). Each ``check`` raises :class:`ConfigError` naming the
@@ -35,7 +39,7 @@ class TrainerConfig:
     devices: Any = 1  # an int, a list of device ids or "auto"
     num_nodes: int = 1
     strategy: Any = "auto"  # any Lightning strategy name ("ddp", "fsdp", ...) or object
-    precision: str = "32-true"
+    precision: str = "auto"
 
     def check(self) -> None:
         require(self.accelerator in ("cpu", "gpu", "cuda", "auto"), "trainer.accelerator",
@@ -93,7 +97,7 @@ class PPOConfig:
     kl_coef: float = 0.01
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
-    skip_zero_advantage: bool = False
+    skip_zero_advantage: bool = True
     recompute_old_logprobs: bool = False
 
     def check(self) -> None:
@@ -117,7 +121,7 @@ class EvalConfig:
     """
 
     every: int = 5
-    temperature: float = 0.4
+    temperature: float = 1.0
     episodes_per_task: int = 1
 
     def check(self) -> None:
@@ -138,7 +142,7 @@ class ScheduleConfig:
     log_trajectories_every: sampled trajectories to the logger every N iterations (0 = never).
     """
 
-    max_iterations: int = 30
+    max_iterations: int = 10
     ckpt_every: int = 5
     log_trajectories_every: int = 10
 
@@ -151,10 +155,11 @@ class ScheduleConfig:
 
 @dataclass
 class RolloutConfig:
-    """How rollout batches are collected (``conf/rollout/*.yaml``); ``engine`` is a ``_target_`` component."""
+    """How rollout batches are collected (``conf/rollout/batch.yaml`` and the engine files that include it); ``engine``
+    is a ``_target_`` component, checked against its class, with no default of its own here."""
 
     engine: dict[str, Any] = field(default_factory=dict)
-    tasks_per_batch: int = 4
+    tasks_per_batch: int = 16
     group_size: int = 8
     history: int = 2
     num_workers: int = 2
@@ -205,7 +210,7 @@ class WarmStartConfig:
         noise draws).
     """
 
-    n_episodes: int = 200
+    n_episodes: int = 400
     epochs: int = 3
     lr: float = 1e-3
     batch_size: int = 32

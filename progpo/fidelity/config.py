@@ -21,21 +21,6 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 TRUTH_ESTIMATORS = ("auto", "complement", "sampled")  # progpo.fidelity.truth explains them
 
 
-def fidelity_run_name(run_name: str | None, policy: str, ckpt_path: str | None) -> str:
-    """``run_name``, else ``fidelity-<policy>`` (``<env>-<model>-seed<seed>``), with ``-<run>-<checkpoint>`` when
-    a checkpoint is measured (so the warm start's and a trained policy's measurements get folders of their own)."""
-    if run_name:
-        return str(run_name)
-    name = f"fidelity-{policy}"
-    if ckpt_path:
-        path = Path(str(ckpt_path))
-        name += f"-{path.parent.parent.name}-{path.stem}"
-    return name
-
-
-OmegaConf.register_new_resolver("progpo.fidelity_name", fidelity_run_name, replace=True)
-
-
 @dataclass
 class FidelityConfig:
     """What ``python -m progpo.fidelity`` measures; every field is documented in ``conf/fidelity.yaml``."""

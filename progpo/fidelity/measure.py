@@ -20,11 +20,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from envs.base import is_replayable
 from progpo.config import ConfigError
 from progpo.credit import StepBatch
-from progpo.fidelity.config import FidelityConfig, build_estimators, fidelity_run_name
+from progpo.fidelity.config import FidelityConfig, build_estimators
 from progpo.fidelity.scoring import METRICS, Scores, metric_rows, noise_floor, score
 from progpo.fidelity.selection import SLICES, step_features, stratified_sample
 from progpo.fidelity.truth import FidelityTruth, measure_truth
-from progpo.runs import resolve_run_dir
+from progpo.runs import resolve_run_dir, run_name
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +177,7 @@ def _name_run(cfg: DictConfig) -> None:
 
     with open_dict(cfg):
         if not cfg.get("run_dir") and not HydraConfig.initialized():
-            env = str(cfg.env._target_).split(".")[1]
-            name = fidelity_run_name(cfg.get("run_name"), f"{env}-{cfg.model.name}-seed{cfg.seed}", cfg.get("ckpt_path"))
-            cfg.run_dir = str(Path("outputs") / "fidelity" / name)
+            cfg.run_dir = str(Path("outputs") / "fidelity" / run_name(cfg, "fidelity"))
         if not cfg.get("run_name"):
             cfg.run_name = resolve_run_dir(cfg).name
         if "tags" in cfg.logger:

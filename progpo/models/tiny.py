@@ -44,7 +44,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, max_context: int,
     pre-tokeniser glues a word to the ``[`` before it, so in ``click[grey]`` the word is the token ``[grey``
     while the instruction and the page say ``Ġgrey``: the model cannot copy a word into a command, it must
     learn every pairing. With the space, ``click[grey]`` is ``click`` ``[`` ``Ġgrey`` ``]`` and the word is the
-    token of running text (WebShop's option clicks and search queries; README "WebShop on a laptop").
+    token of running text (WebShop's option clicks and search queries; docs/guide/webshop.md).
     Decoding is exact for any text without a ``[`` followed by a space of its own, and for all text
     the ids of a command are those of its decoded text re-encoded.
     """

@@ -128,7 +128,6 @@ def trial_config(spec: SweepSpec, values: Mapping[str, Any], number: int, extra:
         cfg.run_dir = str(Path(spec.output_dir) / spec.study_name / f"trial_{number:04d}")
         if cfg.get("logger") is not None and "experiment_name" in cfg.logger:
             cfg.logger.experiment_name = spec.experiment_name
-            cfg.logger.run_name = run_name
             cfg.logger.group = spec.study_name
             cfg.logger.run_id = None
             tags = dict(cfg.logger.get("tags") or {})

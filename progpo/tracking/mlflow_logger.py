@@ -329,7 +329,8 @@ def make_logger(
 ) -> ProGPOMLFlowLogger:
     """Hydra target of ``conf/logger/mlflow.yaml``: a started MLflow logger for the run described by ``cfg``.
 
-    The run is named ``run_name``, else ``cfg.run_name`` (the trainer fills it: ``<credit>-<env>-<model>-seed<seed>``).
+    The run is named ``run_name`` (a Python caller's), else ``cfg.run_name``, which the trainer fills with
+    :func:`progpo.runs.run_name`, the name of the run's folder too.
     Fails at once with ``TrackingUnavailableError`` if the store named by ``logger.tracking_uri`` cannot be used.
     Tags: method/env/model/experiment/ablation (Hydra choices), seed, group (``group``, else the multirun's sweep
     dir, else the experiment name), git commit/branch/dirty, ``progpo.kind=train``; ``tags`` override them.

@@ -95,7 +95,7 @@ def build_tiny(
             of the instruction, not a token ``[grey`` of its own; :func:`progpo.models.tiny.train_tokenizer`), so
             the model can copy an option or a query word from the instruction into a command. Off by default
             (alone, on WebShop's 1,600-goal warm start, it clicked the instruction's option less often: 34%
-            against 43%); ``experiment=webshop_laptop`` turns it on with 8,000 goals (README "WebShop on a laptop").
+            against 43%); ``experiment=webshop_laptop`` turns it on with 8,000 goals (docs/results/webshop_laptop/README.md).
     """
     ws = warm_start if isinstance(warm_start, WarmStartConfig) else WarmStartConfig(**dict(warm_start or {}))
     if max_new_tokens >= max_context:
@@ -122,10 +122,9 @@ def build_tiny(
     if bracket_words:  # keyed only when set, so builds cached before the option existed stay valid
         params["tokenizer"] = "bracket_words"
     if suite.name.startswith("webshop"):
-        # Its demos label the expert's searches since issue 18 (they were dropped), and its item pages show the
-        # clicked options ("You have clicked ..."), as WebShop's text mode does: builds cached before either are
-        # not re-used. A key of its own, not a
-        # BUILD_VERSION bump, so that every other env's cached builds stay valid.
+        # WebShop demos label the expert's searches, and its item pages show the clicked options ("You have clicked
+        # ..."), as WebShop's text mode does: the key keeps builds made without either from being re-used. A key of
+        # its own, not a BUILD_VERSION bump, so that every other env's cached builds stay valid.
         params["demos"] = "searches labelled, clicked options shown"
 
     def build(out: Path) -> dict[str, Any]:

@@ -304,7 +304,7 @@ def test_runs_are_named_after_the_config_and_distinct(tmp_path):
             make_logger(cfg, tracking_uri=uri, experiment_name="names", **_fast()).run_id).info.run_name)
     assert names == ["progpo-alfworld-tiny-seed0", "progpo-alfworld-tiny-seed1"]
     explicit = make_logger(_cfg(run_name="x"), tracking_uri=uri, experiment_name="names", run_name="mine", **_fast())
-    assert mlflow.MlflowClient(uri).get_run(explicit.run_id).info.run_name == "mine"  # logger.run_name wins
+    assert mlflow.MlflowClient(uri).get_run(explicit.run_id).info.run_name == "mine"  # the run_name argument wins
 
 
 def test_artifacts_stay_with_the_sqlite_store_and_the_experiment_is_classic_ml(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from toy_env import TEST_SHAPE, TEST_WARM_START, fake_room_suite
@@ -22,6 +23,15 @@ SHARED_ROLLOUT_KEYS = {
     "step_timeout",
     "max_prompt_tokens",
 }
+# conf/rollout/*.yaml that choose an engine (batch.yaml holds the batch keys they share)
+ENGINES = sorted(p for p in (CONF / "rollout").glob("*.yaml") if "engine" in OmegaConf.load(p))
+
+
+def _rollout(name: str = "hf"):
+    """The ``rollout`` group as ``rollout=<name>`` composes it (the engine file and the batch keys it includes)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        node = compose(config_name="config", overrides=[f"rollout={name}"]).rollout
+    return OmegaConf.create(OmegaConf.to_container(node))
 
 
 @pytest.mark.parametrize(
@@ -31,17 +41,15 @@ def test_model_configs_match_their_builders(path):
     node = OmegaConf.load(path)
     if path.read_text().startswith("# @package _global_"):  # a model file that also sizes the run
         node = node.model
-    cfg = OmegaConf.create({"model": node, "seed": 0, "rollout": OmegaConf.load(CONF / "rollout" / "hf.yaml"),
+    cfg = OmegaConf.create({"model": node, "seed": 0, "rollout": _rollout("hf"),
                             "warm_start": OmegaConf.load(CONF / "warm_start" / "default.yaml")})
     check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     assert cfg.model.name == path.stem
 
 
-@pytest.mark.parametrize(
-    "path", sorted((CONF / "rollout").glob("*.yaml")), ids=lambda p: f"{p.parent.name}-{p.stem}"
-)
+@pytest.mark.parametrize("path", ENGINES, ids=lambda p: f"{p.parent.name}-{p.stem}")
 def test_rollout_configs_have_the_shared_fields_and_a_valid_engine(path):
-    cfg = OmegaConf.create({"rollout": OmegaConf.load(path), "seed": 0})
+    cfg = OmegaConf.create({"rollout": _rollout(path.stem), "seed": 0})
     assert SHARED_ROLLOUT_KEYS <= set(cfg.rollout)
     assert cfg.rollout.history == 2 and cfg.rollout.max_prompt_tokens is None
     check_component(cfg.rollout.engine, "rollout.engine", runtime_kwargs=("policy",))
@@ -51,7 +59,7 @@ def test_tiny_yaml_follows_the_rollout_and_builds_a_policy_that_the_hf_yaml_engi
     cfg = OmegaConf.create(
         {
             "model": OmegaConf.load(CONF / "model" / "tiny.yaml"),
-            "rollout": OmegaConf.load(CONF / "rollout/hf.yaml"),
+            "rollout": _rollout("hf"),
         }
     )
     cfg.rollout.history = 1

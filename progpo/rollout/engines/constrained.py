@@ -18,7 +18,7 @@ such as WebShop's ``search[<query>]``, cannot be enumerated; it is decoded as ``
 Measured on the first step of 40 held-out shop goals (2 samples each, T=1, the warm start of
 ``experiment=webshop_laptop``): ``instruction`` wrote a valid search 100% of the time (the goal product in the
 50 hits 14%), ``free`` 5% (0%): the tiny model spells the instruction's words far worse than it picks them, so
-``instruction`` is the default (README, "WebShop on a laptop").
+``instruction`` is the default (docs/guide/webshop.md).
 
 The constrained policy is the one that acts, so it is also the one that is trained: the engine reports, for
 every generated token, the token ids the grammar allowed at that position (``AnswerCursor.allowed``;
