@@ -74,3 +74,9 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
+
+# GPU acceptance check on one NVIDIA GPU (tests/gpu/check.sh: its own .venv-gpu with vllm, built on first use;
+# GPU_PYTHON=python3 uses an existing interpreter instead, see the script's header for the other options).
+.PHONY: gpu-check
+gpu-check:
+	bash tests/gpu/check.sh

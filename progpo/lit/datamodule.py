@@ -24,14 +24,26 @@ from progpo import dist
 from progpo.algo.iteration import IterationTasks
 
 
+class TasksBatch:
+    """The DataLoader's item: an ``IterationTasks`` behind a plain object, unwrapped by
+    ``ProGPOModule.transfer_batch_to_device``. Lightning hands each batch to its precision plugin's ``convert_input``
+    before any module hook, and FSDP's plugin walks it with ``apply_to_collection``, which refuses frozen dataclasses
+    (``IterationTasks``, ``Task``) but passes a plain object through."""
+
+    __slots__ = ("tasks",)
+
+    def __init__(self, tasks: IterationTasks) -> None:
+        self.tasks = tasks
+
+
 class _OnDemand(IterableDataset):
     """An iterable of exactly one item, produced when iterated (so it sees the latest state)."""
 
     def __init__(self, produce: Callable[[], IterationTasks]) -> None:
         self.produce = produce
 
-    def __iter__(self) -> Iterator[IterationTasks]:
-        yield self.produce()
+    def __iter__(self) -> Iterator[TasksBatch]:
+        yield TasksBatch(self.produce())
 
 
 def sample_tasks(tasks: list[Task], n: int, seed: int, iteration: int) -> list[Task]:

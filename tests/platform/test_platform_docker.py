@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 
 from progpo.tracking import git_info
 
@@ -66,7 +67,8 @@ def test_sweeper_command_uses_a_real_sweep_file_and_experiment(compose):
     assert (REPO / sweep_file).is_file()
     experiment = re.search(r"experiment=(\w+)", command).group(1)
     assert (REPO / "conf" / "experiment" / f"{experiment}.yaml").is_file()
-    paper = OmegaConf.load(REPO / "conf" / "experiment" / "paper_alfworld.yaml")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        paper = hydra_compose(config_name="config", overrides=["experiment=paper_alfworld"])
     assert paper.rollout.tasks_per_batch == 16 and paper.rollout.group_size == 8
     assert paper.optim.lr == pytest.approx(1e-6) and paper.ppo.kl_coef == pytest.approx(0.01)
     assert paper.schedule.max_iterations == 160 and paper.env.max_steps == 50 and paper.env.source == "official"
