@@ -121,3 +121,18 @@ def test_the_datamodule_counts_iterations_and_a_restored_one_continues_the_task_
     resumed = RolloutDataModule(Suite(), 3, seed=5)
     resumed.load_state_dict(interrupted.state_dict())
     assert [resumed.train_batch().tasks for _ in range(2)] == [b.tasks for b in stream[2:]]
+
+
+def test_a_loader_item_passes_lightnings_batch_walk_and_unwraps_to_the_tasks():
+    """Lightning's precision plugins (FSDP's among them) walk every batch with ``apply_to_collection`` before any
+    module hook; it refuses frozen dataclasses, so the DataLoader's item must get through it unchanged."""
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    from progpo.lit.module import ProGPOModule
+
+    item = next(iter(RolloutDataModule(Suite(), 3, seed=5).train_dataloader()))
+    walked = apply_to_collection(item, torch.Tensor, lambda t: t.to(torch.float16))
+    with pytest.raises(ValueError, match="frozen dataclass"):  # what the wrapper protects against
+        apply_to_collection(walked.tasks, torch.Tensor, lambda t: t)
+    tasks = ProGPOModule.transfer_batch_to_device(None, walked, torch.device("cpu"), 0)
+    assert isinstance(tasks, IterationTasks) and tasks.tasks == sample_tasks(Suite.train_tasks, 3, 5, 0)
