@@ -155,7 +155,7 @@ class ScheduleConfig:
 
 @dataclass
 class RolloutConfig:
-    """How rollout batches are collected (``conf/rollout/batch.yaml`` and the engine files that include it); ``engine``
+    """How rollout batches are collected (``conf/shared/rollout_batch.yaml`` and the engine files that include it); ``engine``
     is a ``_target_`` component, checked against its class, with no default of its own here."""
 
     engine: dict[str, Any] = field(default_factory=dict)
