@@ -27,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel
 from progpo import dist
 from progpo.algo.iteration import IterationTasks, RLIteration
 from progpo.config import ConfigError, world_size_mismatch
-from progpo.lit.datamodule import TasksBatch
 
 
 class ProGPOModule(L.LightningModule):
@@ -50,8 +49,8 @@ class ProGPOModule(L.LightningModule):
             self.rl.engine.sync_weights(self.actor)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        # Tasks, not tensors (tensors are built on the right device in the iteration), wrapped by the DataModule.
-        return batch.tasks if isinstance(batch, TasksBatch) else batch
+        # Tasks, not tensors (tensors are built on the right device in the iteration): unwrap the DataModule's item.
+        return batch.tasks
 
     def training_step(self, batch: IterationTasks, batch_idx: int) -> dict[str, Any]:
         result = self.rl.run(batch, self.optimizers(), self.manual_backward, self._no_sync)
