@@ -67,6 +67,7 @@ def test_every_credit_choice_is_valid(credit):
         ("rollout.history=-2", "rollout.history"),
         ("env.max_steps=0", "env.max_steps"),
         ("rollout.engine.top_p=0", "rollout.engine.top_p"),
+        ("model.attn_implementation=flash", "model.attn_implementation"),
     ],
 )
 def test_out_of_range_values_name_the_key(override, key):

@@ -119,8 +119,10 @@ class Timing:
 
 
 def _count_calls(model) -> tuple[list[int], object]:
+    """Decoder passes, counted where each embeds its tokens (the response window does not call the decoder's
+    forward)."""
     counter = [0]
-    handle = model.get_decoder().register_forward_hook(lambda *a: counter.__setitem__(0, counter[0] + 1))
+    handle = model.get_decoder().embed_tokens.register_forward_hook(lambda *a: counter.__setitem__(0, counter[0] + 1))
     return counter, handle
 
 

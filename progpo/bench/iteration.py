@@ -1,13 +1,15 @@
 """``python -m progpo.bench iteration [hydra overrides...]``: where one training iteration's time goes.
 
-Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), then for float32 and for bf16
-autocast plays one iteration's tasks and times each phase: rollout, scoring (the recomputing path, actor + reference
-passes, against the reusing one, reference only), credit and the PPO update (from the same weights each time). The
-update is timed twice from the same weights: the iteration's own (identical turns share one forward) and each step
-with its own forward (the update before that sharing). Each phase's useful FLOPs (no padding, causal attention,
-KV-cache decoding counted once) are set against this machine's matmul peak measured in the same run, so the numbers
-mean something on a shared machine too; old (float32, recompute, unshared update) against new (the chosen precision,
-reuse, shared update) is printed as a ratio.
+Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), then plays one iteration's
+tasks on each path and times each phase: rollout, scoring (the recomputing path, actor + reference passes, against
+the reusing one, reference only), credit and the PPO update (from the same weights each time). The update is timed
+twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
+forward (the update before that sharing). The paths: float32 and bf16 as they ran before the window and the
+attention choice (SDPA, every layer at every position: "before"), and the configured run ("new": the model's
+``attn_implementation`` and the response window of ``progpo.models.window``, in bf16 where the CPU has it). Each
+phase's FLOPs as its path computes them (no padding, causal attention, KV-cache decoding counted once) are set
+against this machine's matmul peak measured in the same run, so the numbers mean something on a shared machine
+too; the old path (float32, recompute, unshared update), the bf16 path before and the new one are printed as ratios.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import torch
 from progpo.algo.ppo import minibatch_plan, ppo_update, updated_steps
 from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.hardware import cpu_has_fast_bf16
+from progpo.models.attention import use_attention
+from progpo.models.window import full_pass, supports_window
 from progpo.types import RolloutBatch, Turn
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -44,40 +48,69 @@ class ModelShape:
     vocab: int
     decoder_matmul_params: int  # weights of the linear layers inside the decoder blocks (no embeddings, no head)
     intermediate: int
+    key_value_params: int = 0  # the k and v projections' weights of one layer (run at every position by the window)
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape:
         cfg = model.config
         decoder = model.get_decoder()
         linear = sum(m.weight.numel() for m in decoder.modules() if isinstance(m, torch.nn.Linear))
-        return cls(cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, linear, cfg.intermediate_size)
+        attention = decoder.layers[-1].self_attn
+        key_value = attention.k_proj.weight.numel() + attention.v_proj.weight.numel()
+        return cls(cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, linear, cfg.intermediate_size, key_value)
 
-    def forward_flops(self, length: int, head_positions: int) -> float:
+    def forward_flops(self, length: int, head_positions: int, window: int | None = None) -> float:
         """One causal forward over ``length`` tokens with the LM head at ``head_positions`` of them.
 
         Linear layers: 2 FLOPs per weight per token. Attention: position t attends to t+1 keys, QK^T and AV cost
         2*hidden*(t+1) each per layer, summed over t: 2*hidden*T*(T+1) per layer. Incremental decoding with a KV
         cache does the same useful work as this teacher-forced pass, so generation is counted the same way.
+        With ``window`` (the last ``window`` positions, ``progpo.models.window``), the last layer runs its k and v
+        projections at every position and the rest of it at the window only.
         """
-        return (2.0 * self.decoder_matmul_params * length + 2.0 * self.layers * self.hidden * length * (length + 1)
-                + 2.0 * self.vocab * self.hidden * head_positions)
+        per_layer = self.decoder_matmul_params / self.layers
+        attention = 2.0 * self.hidden * length * (length + 1)
+        head = 2.0 * self.vocab * self.hidden * head_positions
+        if window is None:
+            return 2.0 * self.decoder_matmul_params * length + self.layers * attention + head
+        last_linear = 2.0 * self.key_value_params * length + 2.0 * (per_layer - self.key_value_params) * window
+        last_attention = 4.0 * self.hidden * sum(length - k for k in range(window))  # a query at t: t+1 keys
+        return (2.0 * per_layer * (self.layers - 1) * length + (self.layers - 1) * attention + last_linear
+                + last_attention + head)
 
 
-def turn_flops(shape: ModelShape, turn: Turn) -> float:
-    return shape.forward_flops(len(turn.prompt_ids) + len(turn.response_ids), len(turn.response_ids))
+def turn_flops(shape: ModelShape, turn: Turn, window: bool = False) -> float:
+    """A turn's teacher-forced pass; with ``window``, as the response window computes it (the last prompt token
+    and the response but its last token)."""
+    response = len(turn.response_ids)
+    return shape.forward_flops(len(turn.prompt_ids) + response, response, max(response, 1) if window else None)
 
 
-def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 1.0) -> float:
-    """GFLOP/s of a [4096, hidden] x [hidden, intermediate] matmul, the model's largest GEMM shape."""
+@dataclass(frozen=True)
+class BenchPath:
+    """One way to run the iteration: precision, attention implementation, response window or every position."""
+
+    name: str
+    bf16: bool
+    attention: str
+    window: bool
+
+
+def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 0.4, windows: int = 5) -> float:
+    """GFLOP/s of a [4096, hidden] x [hidden, intermediate] matmul, the model's largest GEMM shape: the best of
+    ``windows`` timings of ``seconds`` each (on a shared machine one window can be slowed by a neighbour)."""
     a = torch.randn(4096, shape.hidden).to(dtype)
     b = torch.randn(shape.hidden, shape.intermediate).to(dtype)
     for _ in range(3):
         a @ b
-    n, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        a @ b
-        n += 1
-    return 2.0 * 4096 * shape.hidden * shape.intermediate * n / (time.perf_counter() - started) / 1e9
+    best = 0.0
+    for _ in range(windows):
+        n, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            a @ b
+            n += 1
+        best = max(best, 2.0 * 4096 * shape.hidden * shape.intermediate * n / (time.perf_counter() - started) / 1e9)
+    return best
 
 
 @dataclass
@@ -99,16 +132,26 @@ class PhaseTimes:
 
 
 def _autocast(device: torch.device, bf16: bool):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    """As Lightning's bf16-mixed: no cache of the weights' bf16 copies (an optimizer step inside one autocast region
+    would leave later micro-batches on the stale copies)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False) if bf16 else nullcontext()
 
 
-def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: int) -> PhaseTimes:
-    """One iteration's phases under one precision; the actor's weights are restored afterwards."""
+def _use_path(rl, path: BenchPath) -> None:
+    for model in (rl.actor, rl.reference):
+        if model is not None:
+            use_attention(model, path.attention)
+
+
+def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, seed: int) -> PhaseTimes:
+    """One iteration's phases on one path; the actor's weights are restored afterwards."""
     actor = rl.actor
     device = next(actor.parameters()).device
     weights = copy.deepcopy(actor.state_dict())
+    _use_path(rl, path)
+    window = path.window and supports_window(actor)
     torch.manual_seed(seed)
-    with _autocast(device, bf16):
+    with _autocast(device, path.bf16), (nullcontext() if path.window else full_pass()):
         started = time.perf_counter()
         batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
         rollout_s = time.perf_counter() - started
@@ -137,10 +180,12 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, bf16: bool, seed: i
         rollout_s, score_recompute_s, score_reuse_s, credit_s, update_s, update_unshared_s, batch.generated_tokens,
         len(turns),
         rollout_flops=sum(turn_flops(shape, t) for t in turns),
-        score_recompute_flops=(2 if rl.reference is not None else 1) * sum(turn_flops(shape, turns[i]) for i in unique),
-        score_reuse_flops=sum(turn_flops(shape, turns[i]) for i in unique_trained) if rl.reference is not None else 0.0,
-        update_flops=3.0 * rl.ppo.epochs * sum(turn_flops(shape, turns[i]) for i in trained),
-        update_shared_flops=3.0 * sum(turn_flops(shape, turns[i])
+        score_recompute_flops=((2 if rl.reference is not None else 1)
+                               * sum(turn_flops(shape, turns[i], window) for i in unique)),
+        score_reuse_flops=(sum(turn_flops(shape, turns[i], window) for i in unique_trained)
+                           if rl.reference is not None else 0.0),
+        update_flops=3.0 * rl.ppo.epochs * sum(turn_flops(shape, turns[i], window) for i in trained),
+        update_shared_flops=3.0 * sum(turn_flops(shape, turns[i], window)
                                       for i in _shared_update_rows(rl, turns, trained, representative)),
         logprob_diff_mean=float(torch.cat(diffs).mean()) if diffs else 0.0,
     )
@@ -173,7 +218,7 @@ def _median(runs: list[PhaseTimes], name: str) -> float:
     return statistics.median(getattr(r, name) for r in runs)
 
 
-def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, float]) -> str:
+def _report(label: str, runs: dict[BenchPath, list[PhaseTimes]], peaks: dict[str, float]) -> str:
     rows = [
         ("rollout", "rollout_s", "rollout_flops"),
         ("score, recompute (actor + ref, all steps)", "score_recompute_s", "score_recompute_flops"),
@@ -182,28 +227,34 @@ def _report(label: str, runs: dict[str, list[PhaseTimes]], peaks: dict[str, floa
         ("update, each step its own forward (before)", "update_unshared_s", "update_flops"),
         ("update (identical turns share a forward)", "update_s", "update_shared_flops"),
     ]
+    paths = list(runs)
+    ratio_head = f" {paths[-2].name} / {paths[-1].name} |" if len(paths) >= 2 else ""
     lines = [f"## {label}", "",
-             "| phase | " + " | ".join(f"{p} s | {p} GFLOP/s (% peak)" for p in runs) + " | float32 / bf16 |",
-             "|---|" + "---:|---:|" * len(runs) + "---:|"]  # the ratio column reads "-" with one precision
+             "| phase | " + " | ".join(f"{p.name} s | GFLOP/s (% peak)" for p in paths) + " |" + ratio_head,
+             "|---|" + "---:|---:|" * len(paths) + ("---:|" if ratio_head else "")]
     for name, time_key, flop_key in rows:
         cells = []
-        for precision, measured in runs.items():
+        for path, measured in runs.items():
             seconds = _median(measured, time_key)
             if flop_key and seconds > 0 and _median(measured, flop_key) > 0:
                 gflops = _median(measured, flop_key) / seconds / 1e9
-                cells.append(f"{seconds:.2f} | {gflops:.1f} ({100 * gflops / peaks[precision]:.0f}%)")
+                peak = peaks["bf16" if path.bf16 else "float32"]
+                cells.append(f"{seconds:.2f} | {gflops:.1f} ({100 * gflops / peak:.0f}%)")
             else:
                 cells.append(f"{seconds:.3f} | -")
-        times = [_median(m, time_key) for m in runs.values()]
-        ratio = f"{times[0] / times[1]:.2f}x" if len(times) == 2 and times[1] > 0 else "-"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
-    for precision, measured in runs.items():
+        ratio = ""
+        if ratio_head:
+            before, after = (_median(runs[p], time_key) for p in paths[-2:])
+            ratio = f" {before / after:.2f}x |" if after > 0 else " - |"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |" + ratio)
+    for path, measured in runs.items():
         rollout = _median(measured, "rollout_s")
         tokens = statistics.median(r.generated_tokens for r in measured)
         turns = statistics.median(r.turns for r in measured)
-        lines.append(f"\n{precision}: {turns:.0f} steps, {tokens:.0f} generated tokens, {tokens / rollout:.0f} tokens/s "
-                     f"in the rollout; |sampling - recomputed old log-prob| mean "
-                     f"{_median(measured, 'logprob_diff_mean'):.2e}")
+        lines.append(f"\n{path.name} ({'bf16' if path.bf16 else 'float32'}, attention {path.attention}, "
+                     f"{'response window' if path.window else 'every position'}): {turns:.0f} steps, {tokens:.0f} "
+                     f"generated tokens, {tokens / rollout:.0f} tokens/s in the rollout; |sampling - recomputed old "
+                     f"log-prob| mean {_median(measured, 'logprob_diff_mean'):.2e}")
     return "\n".join(lines)
 
 
@@ -211,6 +262,15 @@ def _iteration_s(runs: list[PhaseTimes], new: bool) -> float:
     """The old path (recomputed old log-probs, unshared update) or the new one (the iteration as it runs)."""
     score, update = ("score_reuse_s", "update_s") if new else ("score_recompute_s", "update_unshared_s")
     return sum(_median(runs, k) for k in ("rollout_s", score, "credit_s", update))
+
+
+def bench_paths(bf16: bool, attention: str) -> list[BenchPath]:
+    """float32 before (which also times the old path); bf16 before where bf16 is measured; the new path last."""
+    paths = [BenchPath("float32 before", bf16=False, attention="sdpa", window=False)]
+    if bf16:
+        paths.append(BenchPath("bf16 before", bf16=True, attention="sdpa", window=False))
+    paths.append(BenchPath(f"{'bf16' if bf16 else 'float32'} new", bf16=bf16, attention=attention, window=True))
+    return paths
 
 
 def bench_iteration(args: argparse.Namespace) -> None:
@@ -232,15 +292,16 @@ def bench_iteration(args: argparse.Namespace) -> None:
             peaks = {"float32": matmul_peak_gflops(shape, torch.float32),
                      "bf16": matmul_peak_gflops(shape, torch.bfloat16)}
             optimizer_factory = instantiate(cfg.optim)
-            precisions = {"float32": False}
-            if args.bf16 == "on" or (args.bf16 == "auto" and (rl.actor.device.type == "cuda"
-                                                              or cpu_has_fast_bf16() is not False)):
-                precisions["bf16"] = True
-            runs: dict[str, list[PhaseTimes]] = {p: [] for p in precisions}
+            bf16 = args.bf16 == "on" or (args.bf16 == "auto" and (rl.actor.device.type == "cuda"
+                                                                  or cpu_has_fast_bf16() is not False))
+            configured = rl.actor.config._attn_implementation
+            paths = bench_paths(bf16, configured)
+            runs: dict[BenchPath, list[PhaseTimes]] = {p: [] for p in paths}
             for repeat in range(args.repeats):
                 tasks = run.datamodule.train_batch().tasks
-                for precision, bf16 in precisions.items():
-                    runs[precision].append(measure(rl, tasks, optimizer_factory, shape, bf16, seed=repeat))
+                for path in paths:
+                    runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat))
+            _use_path(rl, paths[-1])
             if args.profile_rollout:
                 profiler = cProfile.Profile()
                 profiler.enable()
@@ -259,32 +320,35 @@ def bench_iteration(args: argparse.Namespace) -> None:
         _report("medians per phase", runs, peaks),
         "",
     ]
-    old = _iteration_s(runs["float32"], new=False)
+    old = _iteration_s(runs[paths[0]], new=False)
     lines.append(f"old path (float32, recompute old log-probs, every step its own update forward): {old:.1f} s per "
                  "iteration")
-    for precision, measured in runs.items():
-        new = _iteration_s(measured, new=True)
-        lines.append(f"new path ({precision}, reuse the engine's log-probs, shared update forwards): {new:.1f} s per "
-                     "iteration, "
-                     f"{old / new:.2f}x faster")
-        useful = sum(_median(measured, k) for k in ("rollout_flops", "score_reuse_flops", "update_shared_flops"))
-        lines.append(f"  its useful FLOPs at the {precision} matmul peak: {useful / peaks[precision] / 1e9:.1f} s per "
-                     "iteration (the floor for this work on this machine: below it only fewer FLOPs help)")
+    for path in paths:
+        seconds = _iteration_s(runs[path], new=True)
+        lines.append(f"{path.name} (reuse the engine's log-probs, shared update forwards): {seconds:.1f} s per "
+                     f"iteration, {old / seconds:.2f}x faster than the old path")
+        useful = sum(_median(runs[path], k) for k in ("rollout_flops", "score_reuse_flops", "update_shared_flops"))
+        peak = peaks["bf16" if path.bf16 else "float32"]
+        lines.append(f"  its FLOPs at the {'bf16' if path.bf16 else 'float32'} matmul peak: {useful / peak / 1e9:.1f} s "
+                     "per iteration (the floor for this work on this machine: below it only fewer FLOPs help)")
+    before, new = _iteration_s(runs[paths[-2]], new=True), _iteration_s(runs[paths[-1]], new=True)
+    lines.append(f"new path against {paths[-2].name}: {before:.1f} s -> {new:.1f} s per iteration, "
+                 f"{before / new:.2f}x")
     if args.profile_rollout:
         stats = io.StringIO()
         pstats.Stats(profiler, stream=stats).sort_stats("cumulative").print_stats(args.profile_rollout)
-        lines += ["", "## rollout profile (float32, cumulative)", stats.getvalue()]
+        lines += ["", f"## rollout profile ({paths[-1].name}, cumulative)", stats.getvalue()]
     sys.stdout.write("\n".join(lines) + "\n")
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("iteration", help="time one training iteration's phases, float32 against bf16")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. model=smollm2-135m")
-    parser.add_argument("--repeats", type=int, default=2, help="iterations measured per precision (medians)")
+    parser.add_argument("--repeats", type=int, default=2, help="iterations measured per path (medians)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                         help="also measure bf16 autocast (auto: unless the CPU lacks AMX-BF16/AVX512-BF16, where bf16 "
                              "matmuls are emulated; their peak is printed either way)")
     parser.add_argument("--profile-rollout", type=int, default=0, metavar="N",
-                        help="also profile one float32 rollout and print its top N functions")
+                        help="also profile one rollout of the new path (outside autocast) and print its top N functions")
     parser.set_defaults(run=bench_iteration)

@@ -21,7 +21,9 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import progpo.models.attention  # noqa: F401  (registers attn_implementation="bf16_matmul")
 from envs.base import EnvSuite
+from progpo.models.compile import compile_layers
 from progpo.types import Policy
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ def build_hf(
     gradient_checkpointing: bool = True,
     attn_implementation: str | None = "sdpa",
     lora: Mapping[str, Any] | None = None,
+    compile: bool = False,
 ) -> Policy:
     """Load a causal LM from ``path`` (a local folder) or ``hub_id``.
 
@@ -127,6 +130,7 @@ def build_hf(
         gradient_checkpointing: trade compute for activation memory in the PPO updates.
         attn_implementation: transformers attention backend ("sdpa", "flash_attention_2", "eager" or None).
         lora: None for full fine-tuning, or ``{r, alpha, target_modules, dropout}`` for LoRA adapters.
+        compile: ``torch.compile`` the decoder layers (``progpo.models.compile``).
     """
     source, local_only = locate_weights(path, hub_id)
     kwargs: dict[str, Any] = {"local_files_only": local_only}
@@ -152,6 +156,8 @@ def build_hf(
     if lora:
         model = apply_lora(model, **dict(lora))
         log.info("LoRA adapters: %s", dict(lora))
+    if compile:
+        compile_layers(model)
     return Policy(model=model, tokenizer=tokenizer, name=name, max_context=max_context, source=source)
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from progpo.masks import allowed_mask
+from progpo.models.window import supports_window, window_hidden, window_positions
 
 
 @dataclass
@@ -138,11 +139,18 @@ def forward_logprobs(
             distribution renormalised over the allowed ids, i.e. of the policy that actually acted.
     """
     _check_batch(input_ids, attention_mask, response_mask, temperature)
-    hidden = _final_hidden(model, input_ids, attention_mask)
     batch, length = input_ids.shape
-    predicts = response_mask[:, 1:].bool()  # hidden state at t-1 predicts the token at t
-    h = hidden[:, :-1][predicts]
-    targets = input_ids[:, 1:][predicts]
+    window = _response_window(model, attention_mask, response_mask)
+    if window is not None:  # the last layer runs at the window only (progpo.models.window)
+        positions, predicts = window
+        hidden = window_hidden(model, input_ids, positions)
+        h = hidden[predicts]
+        targets = input_ids.gather(1, (positions + 1).clamp(max=length - 1))[predicts]
+    else:
+        hidden = _final_hidden(model, input_ids, attention_mask)
+        predicts = response_mask[:, 1:].bool()  # hidden state at t-1 predicts the token at t
+        h = hidden[:, :-1][predicts]
+        targets = input_ids[:, 1:][predicts]
     head = model.get_output_embeddings()
     mask = _allowed_rows(allowed, response_mask, targets, head.weight.shape[0]) if allowed is not None else None
 
@@ -164,11 +172,16 @@ def forward_logprobs(
         entropies.append(ent)
 
     def scatter(values: list[Tensor]) -> Tensor:
+        """The flat values (row-major, by position) at the response positions of a [B, L] tensor."""
         flat = torch.cat(values) if values else hidden.new_zeros(0, dtype=torch.float32)
-        out = hidden.new_zeros((batch, length - 1), dtype=torch.float32).masked_scatter(predicts, flat)
-        return F.pad(out, (1, 0))
+        return hidden.new_zeros((batch, length), dtype=torch.float32).masked_scatter(response_mask.bool(), flat)
 
-    last_hidden = _last_prompt_hidden(hidden, attention_mask, response_mask) if return_last_prompt_hidden else None
+    if not return_last_prompt_hidden:
+        last_hidden = None
+    elif window is not None:
+        last_hidden = hidden[:, 0].detach()  # the window starts at the last prompt token
+    else:
+        last_hidden = _last_prompt_hidden(hidden, attention_mask, response_mask)
     return LogProbOutput(
         token_logprobs=scatter(logps),
         entropy=scatter(entropies) if return_entropy else None,
@@ -186,6 +199,26 @@ def _check_batch(input_ids: Tensor, attention_mask: Tensor, response_mask: Tenso
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if bool(response_mask[:, 0].any()):
         raise ValueError("response_mask[:, 0] is set: a response token needs at least one prompt token before it")
+
+
+def _response_window(model: torch.nn.Module, attention_mask: Tensor, response_mask: Tensor
+                     ) -> tuple[Tensor, Tensor] | None:
+    """Window positions [B, R] and which of them predict a response token, for rows laid out as
+    ``pad_prompt_response`` lays them out (prompt, response right after it, right padding) and a decoder
+    ``progpo.models.window`` runs; None otherwise (the full pass)."""
+    if not supports_window(model):
+        return None
+    prompt_lengths = (attention_mask.bool() & ~response_mask.bool()).sum(dim=1)
+    response_lengths = response_mask.sum(dim=1)
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    ends = (prompt_lengths + response_lengths).unsqueeze(1)
+    laid_out = (attention_mask.bool() == (columns < ends)).all() and (
+        response_mask.bool() == ((columns >= prompt_lengths.unsqueeze(1)) & (columns < ends))).all()
+    if not bool(laid_out):
+        return None
+    positions = window_positions(prompt_lengths, response_lengths, attention_mask.shape[1])
+    offsets = torch.arange(positions.shape[1], device=positions.device)
+    return positions, offsets < response_lengths.unsqueeze(1)
 
 
 def _final_hidden(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

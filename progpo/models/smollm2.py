@@ -16,7 +16,10 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs.base import EnvSuite
+from progpo.models.attention import NAME as BF16_MATMUL
+from progpo.models.attention import AttentionImplementation, use_attention
 from progpo.models.cache import cached_build
+from progpo.models.compile import compile_layers
 from progpo.types import Policy
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,8 @@ def build_smollm2(
     max_context: int = 2048,
     dtype: str = "float32",
     constrain_to_admissible: bool = True,
+    attn_implementation: AttentionImplementation = BF16_MATMUL,
+    compile: bool = False,
 ) -> Policy:
     """Load SmolLM2-135M-Instruct offline (``suite`` is unused: the model does not depend on the env).
 
@@ -70,6 +75,9 @@ def build_smollm2(
         constrain_to_admissible: the HF engine decodes the ``<action>`` only over the admissible commands (a
             135M model rarely spells a whole valid command: free decoding is invalid almost every step);
             ``rollout.engine.constrain_to_admissible`` overrides it. vLLM decodes freely (see ``VLLMEngine``).
+        attn_implementation: ``bf16_matmul`` (``progpo.models.attention``: faster than SDPA on a CPU in bf16, SDPA
+            otherwise), ``sdpa`` or ``eager``.
+        compile: ``torch.compile`` the decoder layers (``progpo.models.compile``).
     """
     gguf = find_smollm2_gguf()
     params = {"gguf": gguf.name, "bytes": gguf.stat().st_size, "transformers": transformers.__version__}
@@ -80,5 +88,8 @@ def build_smollm2(
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype)).to(device)
     model.eval()
+    use_attention(model, attn_implementation)
+    if compile:
+        compile_layers(model)
     return Policy(model=model, tokenizer=tokenizer, name=name, max_context=max_context, source=str(folder),
                   constrain_to_admissible=constrain_to_admissible)

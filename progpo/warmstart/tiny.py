@@ -21,7 +21,10 @@ import transformers
 from envs.base import EnvSuite, tasks_fingerprint
 from progpo.config.groups import WarmStartConfig
 from progpo.hardware import resolve_precision
+from progpo.models.attention import NAME as BF16_MATMUL
+from progpo.models.attention import AttentionImplementation, use_attention
 from progpo.models.cache import cached_build
+from progpo.models.compile import compile_layers
 from progpo.models.tiny import (
     check_reload,
     count_parameters,
@@ -72,6 +75,8 @@ def build_tiny(
     prompt_style: str = "compact",
     constrain_to_admissible: bool = True,
     bracket_words: bool = False,
+    attn_implementation: AttentionImplementation = BF16_MATMUL,
+    compile: bool = False,
 ) -> Policy:
     """Build (or load from the cache) the tiny policy for ``suite``.
 
@@ -140,6 +145,9 @@ def build_tiny(
 
         folder = cached_build("tiny", focus_params, build_focus)
     policy = load_tiny(folder, device=device, name=name, max_context=max_context)
+    use_attention(policy.model, attn_implementation)
+    if compile:
+        compile_layers(policy.model)
     policy.prompt_style = prompt_style
     policy.constrain_to_admissible = constrain_to_admissible
     return policy

@@ -35,14 +35,33 @@ def test_forward_flops_match_torchs_flop_counter():
     assert shape.forward_flops(length, head_positions) == linear_and_head + causal
 
 
+def test_window_flops_count_the_last_layer_at_the_window_only():
+    model = _model().eval()
+    shape = ModelShape.of(model)
+    length, window = 40, 6
+    full = shape.forward_flops(length, window)
+    windowed = shape.forward_flops(length, window, window=window)
+    per_layer = shape.decoder_matmul_params / shape.layers
+    # the last layer's q, o and MLP at 34 fewer positions; its queries' attention over their keys only
+    saved_linear = 2.0 * (per_layer - shape.key_value_params) * (length - window)
+    saved_attention = 4.0 * shape.hidden * sum(t + 1 for t in range(length - window))
+    assert full - windowed == saved_linear + saved_attention
+    assert shape.forward_flops(length, window, window=length) == full  # a window over every position is the pass
+
+
 @pytest.mark.slow
-def test_bench_iteration_command_reports_every_phase_for_both_precisions(capsys):
+def test_bench_iteration_command_reports_every_phase_for_every_path(capsys):
     # every step in the update, so the reference pass has steps to score even when the tiny warm start wins nothing
     bench_main(["iteration", "experiment=fast_dev", "ppo.skip_zero_advantage=false", "--repeats", "1", "--bf16", "on"])
     out = capsys.readouterr().out
     assert "matmul peak" in out and "float32" in out and "bf16" in out
+    header = next(line for line in out.splitlines() if line.startswith("| phase |"))
+    assert "float32 before s" in header and "bf16 before s" in header and "bf16 new s" in header
     for phase in ("| rollout |", "| score, recompute (actor + ref, all steps) |", "| score, reuse (ref, updated steps) |",
                   "| update, each step its own forward (before) |", "| update (identical turns share a forward) |"):
         row = next(line for line in out.splitlines() if line.startswith(phase))
-        assert "GFLOP/s" not in row and "%" in row  # a measured rate against the peak on every FLOP-counted phase
-    assert "old path (float32, recompute old log-probs, every step its own update forward)" in out and out.count("x faster") == 2
+        assert "GFLOP/s" not in row and row.count("%") == 3  # a measured rate against the peak on every path
+    assert "old path (float32, recompute old log-probs, every step its own update forward)" in out
+    assert out.count("faster than the old path") == 3
+    assert "bf16 new (bf16, attention bf16_matmul, response window)" in out
+    assert "new path against bf16 before:" in out

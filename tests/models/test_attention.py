@@ -1,0 +1,106 @@
+"""``attn_implementation="bf16_matmul"`` against attention written from its definition, and on a whole model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from progpo.models.attention import bf16_matmul_attention, use_attention
+from progpo.models.logprobs import forward_logprobs, pad_prompt_response
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _definition(query, key, value, allowed, scale):
+    """Per batch row, head and query: softmax over the allowed keys of q.k * scale, times v (float64 loops)."""
+    batch, heads, q_len, dim = query.shape
+    groups = heads // key.shape[1]
+    out = torch.zeros(batch, q_len, heads, dim, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(q_len):
+                keys = [j for j in range(key.shape[2]) if allowed[b][i][j]]
+                scores = [float(query[b, h, i].double() @ key[b, h // groups, j].double()) * scale for j in keys]
+                if not keys:  # no allowed key: a uniform average, not NaN
+                    keys, scores = list(range(key.shape[2])), [0.0] * key.shape[2]
+                top = max(scores)
+                weights = [math.exp(s - top) for s in scores]
+                total = sum(weights)
+                out[b, i, h] = sum(w / total * value[b, h // groups, j].double() for w, j in zip(weights, keys))
+    return out
+
+
+def _qkv(batch=2, heads=4, kv_heads=2, q_len=5, kv_len=9, dim=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, heads, q_len, dim, generator=g), torch.randn(batch, kv_heads, kv_len, dim, generator=g),
+            torch.randn(batch, kv_heads, kv_len, dim, generator=g))
+
+
+@pytest.mark.parametrize("case", ["causal prefill", "decode with a cache", "boolean mask", "additive mask"])
+def test_bf16_matmul_attention_equals_its_definition(case):
+    q_len = 9 if case == "causal prefill" else 3
+    query, key, value = _qkv(q_len=q_len)
+    kv_len = key.shape[2]
+    causal = [[[j <= kv_len - q_len + i for j in range(kv_len)] for i in range(q_len)]] * 2
+    mask, allowed = None, causal
+    if case in ("boolean mask", "additive mask"):
+        g = torch.Generator().manual_seed(1)
+        allowed_t = torch.rand(2, 1, q_len, kv_len, generator=g) > 0.4
+        allowed_t[0, 0, 1] = False  # a query with no allowed key
+        allowed = allowed_t[:, 0].tolist()
+        mask = allowed_t if case == "boolean mask" else torch.zeros(allowed_t.shape).masked_fill(
+            ~allowed_t, torch.finfo(torch.float32).min)
+    out, _ = bf16_matmul_attention(_Module(groups=2), query.bfloat16(), key.bfloat16(), value.bfloat16(), mask,
+                                   scaling=0.3)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, q_len, 4, 8)
+    assert torch.isfinite(out.float()).all()
+    expected = _definition(query.bfloat16().float(), key.bfloat16().float(), value.bfloat16().float(), allowed, 0.3)
+    # bf16: the scores, the probabilities and the output each rounded to 8 significant bits
+    torch.testing.assert_close(out.double(), expected, atol=3e-2, rtol=2e-2)
+
+
+def test_bf16_matmul_attention_is_sdpa_outside_a_cpu_in_bf16():
+    query, key, value = _qkv()
+    module = _Module(groups=2)
+    ours, _ = bf16_matmul_attention(module, query, key, value, None, scaling=0.3)
+    sdpa, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3)
+    assert torch.equal(ours, sdpa)
+
+
+def test_a_model_on_bf16_matmul_scores_as_on_sdpa_under_bf16_autocast():
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, pad_token_id=0)).eval()
+    g = torch.Generator().manual_seed(0)
+    batch = pad_prompt_response([torch.randint(1, 101, (n,), generator=g).tolist() for n in (30, 12, 45)],
+                                [torch.randint(1, 101, (n,), generator=g).tolist() for n in (6, 9, 3)], 0)
+
+    def logprobs(attention: str, bf16: bool) -> torch.Tensor:
+        use_attention(model, attention)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            return forward_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask).token_logprobs
+
+    exact = logprobs("sdpa", bf16=False)
+    ours, sdpa = logprobs("bf16_matmul", bf16=True), logprobs("sdpa", bf16=True)
+    mask = batch.response_mask.bool()
+    # each bf16 path is as far from float32 as the other: the bf16 rounding, not the kernel, sets the error
+    assert (ours - exact)[mask].abs().mean() < 2 * (sdpa - exact)[mask].abs().mean() + 1e-3
+    assert (ours - exact)[mask].abs().max() < 0.1
+    assert torch.equal(logprobs("bf16_matmul", bf16=False), exact)  # float32: SDPA itself
+
+
+def test_an_unknown_attention_implementation_is_refused_with_the_choices():
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=11, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="attn_implementation='flash'.*bf16_matmul"):
+        use_attention(model, "flash")
