@@ -1,6 +1,7 @@
 """``python -m progpo.bench iteration [hydra overrides...]``: where one training iteration's time goes.
 
-Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), then plays one iteration's
+Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), warms the env workers up on
+each repeat's tasks (untimed: the first path would otherwise pay the workers' start), then plays one iteration's
 tasks on each path and times each phase: rollout, scoring (the recomputing path, actor + reference passes, against
 the reusing one, reference only), credit and the PPO update (from the same weights each time). The update is timed
 twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
@@ -297,8 +298,11 @@ def bench_iteration(args: argparse.Namespace) -> None:
             configured = rl.actor.config._attn_implementation
             paths = bench_paths(bf16, configured)
             runs: dict[BenchPath, list[PhaseTimes]] = {p: [] for p in paths}
+            warm_up_s = []
             for repeat in range(args.repeats):
                 tasks = run.datamodule.train_batch().tasks
+                # untimed: the first path must not pay the workers' start (the first repeat) or the new games' loading
+                warm_up_s.append(rl.collector.warm_up(tasks, rl.group_size))
                 for path in paths:
                     runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat))
             _use_path(rl, paths[-1])
@@ -318,6 +322,9 @@ def bench_iteration(args: argparse.Namespace) -> None:
         f"CPU bf16 support (AMX-BF16 or AVX512-BF16): {cpu_has_fast_bf16()}" if rl.actor.device.type == "cpu" else "",
         "",
         _report("medians per phase", runs, peaks),
+        "",
+        "env workers warmed up before each repeat's paths, untimed (start and the repeat's games loaded by one reset): "
+        + ", ".join(f"{s:.1f} s" for s in warm_up_s),
         "",
     ]
     old = _iteration_s(runs[paths[0]], new=False)

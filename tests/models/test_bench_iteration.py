@@ -9,6 +9,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from progpo.bench.cli import main as bench_main
 from progpo.bench.iteration import ModelShape
+from progpo.rollout.collector import RolloutCollector
 
 
 def _model() -> Qwen2ForCausalLM:
@@ -50,10 +51,17 @@ def test_window_flops_count_the_last_layer_at_the_window_only():
 
 
 @pytest.mark.slow
-def test_bench_iteration_command_reports_every_phase_for_every_path(capsys):
+def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monkeypatch):
+    calls = []
+    for name in ("warm_up", "collect"):
+        method = getattr(RolloutCollector, name)
+        monkeypatch.setattr(RolloutCollector, name,
+                            lambda self, *a, _m=method, _n=name, **k: calls.append(_n) or _m(self, *a, **k))
     # every step in the update, so the reference pass has steps to score even when the tiny warm start wins nothing
     bench_main(["iteration", "experiment=fast_dev", "ppo.skip_zero_advantage=false", "--repeats", "1", "--bf16", "on"])
     out = capsys.readouterr().out
+    assert calls == ["warm_up", "collect", "collect", "collect"]  # the workers start before any path is timed
+    assert "env workers warmed up before each repeat's paths" in out
     assert "matmul peak" in out and "float32" in out and "bf16" in out
     header = next(line for line in out.splitlines() if line.startswith("| phase |"))
     assert "float32 before s" in header and "bf16 before s" in header and "bf16 new s" in header
