@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 class RolloutCollector:
     """Collect rollouts of ``tasks`` x ``group_size`` with one env pool and one engine.
 
-    ``pool_factory(num_envs)`` builds an :class:`envs.pool.EnvPool`; pools are kept per size and re-used, so the
-    training batch and the evaluation set each get their workers once.
+    ``pool_factory(num_envs)`` builds an :class:`envs.pool.EnvPool` on first use; later batches of another size
+    (the held-out set, the training batch) resize that pool, so a run starts its env workers once.
     """
 
     def __init__(
@@ -42,12 +42,14 @@ class RolloutCollector:
         self.prompt_builder = prompt_builder
         self.pool_factory = pool_factory
         self.max_steps = max_steps or suite.max_steps
-        self._pools: dict[int, object] = {}
+        self._env_pool = None
 
     def _pool(self, num_envs: int):
-        if num_envs not in self._pools:
-            self._pools[num_envs] = self.pool_factory(num_envs)
-        return self._pools[num_envs]
+        if self._env_pool is None:
+            self._env_pool = self.pool_factory(num_envs)
+        else:
+            self._env_pool.resize(num_envs)
+        return self._env_pool
 
     def warm_up(self, tasks: Sequence[Task], group_size: int) -> float:
         """Start the env workers a ``collect(tasks, group_size)`` uses and load its tasks' games (one reset);
@@ -59,9 +61,9 @@ class RolloutCollector:
         return time.perf_counter() - start
 
     def close(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        if self._env_pool is not None:
+            self._env_pool.close()
+            self._env_pool = None
 
     def collect(
         self,

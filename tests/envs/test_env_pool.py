@@ -28,10 +28,13 @@ class ScriptedEnv:
         self.sleep_s = sleep_s
         self.task: Task | None = None
         self.t = 0
+        self.resets = 0
 
     def reset(self, task: Task) -> Observation:
         self.task, self.t = task, 0
-        return Observation(f"start {task.task_id} pid {os.getpid()}", ("a", "b"), "echo", task.task_type)
+        self.resets += 1
+        text = f"start {task.task_id} resets {self.resets} pid {os.getpid()}"
+        return Observation(text, ("a", "b"), "echo", task.task_type)
 
     def step(self, action: str):
         if action == "sleep":
@@ -101,6 +104,27 @@ def test_pool_plays_alfworld_like_in_process(alfworld_root):
     assert parallel[0] == parallel[1]  # rollouts of one task with the same actions agree across envs
 
 
+@pytest.mark.slow
+def test_resized_pool_plays_alfworld_as_fresh_pools_do(alfworld_root):
+    games = find_games(alfworld_root, "valid", TASK_TYPES)[:5]
+    six = [games[i // 2] for i in range(6)]
+    four = [games[3 + i // 2] for i in range(4)]  # other games, another batch size (the held-out set's)
+    factory = AlfWorldEnvFactory(max_steps=30)
+    with EnvPool(factory, num_envs=4, num_workers=2) as pool:
+        pids = pool.worker_pids
+        first = _play(pool, four)
+        pool.resize(6)
+        resized = _play(pool, six)
+        pool.resize(4)
+        back = _play(pool, four)
+        assert pool.worker_pids == pids
+    with EnvPool(factory, num_envs=6, num_workers=0) as local:
+        fresh_six = _play(local, six)
+    with EnvPool(factory, num_envs=4, num_workers=0) as local:
+        fresh_four = _play(local, four)
+    assert resized == fresh_six and first == back == fresh_four
+
+
 def test_step_only_touches_named_envs_and_validates_input():
     with EnvPool(ScriptedFactory(), num_envs=4, num_workers=2) as pool:
         obs = pool.reset(_tasks(4))
@@ -120,6 +144,69 @@ def test_step_only_touches_named_envs_and_validates_input():
             pool.step({0: "a"})  # env 0 finished after 5 steps
     with pytest.raises(TypeError, match="picklable"):
         EnvPool(lambda: ScriptedEnv(0.0), num_envs=2, num_workers=1)
+
+
+def _pid(obs: Observation) -> str:
+    return obs.text.split()[-1]
+
+
+def _resets(obs: Observation) -> int:
+    return int(obs.text.split()[3])
+
+
+def test_resize_keeps_the_workers_and_splits_envs_into_contiguous_blocks():
+    with EnvPool(ScriptedFactory(), num_envs=4, num_workers=2) as pool:
+        first = pool.reset(_tasks(4))
+        pids = pool.worker_pids
+        pool.step({0: "a"})
+        pool.resize(7)
+        assert pool.num_envs == 7 and pool.worker_pids == pids  # no new processes
+        with pytest.raises(RuntimeError, match="not in an episode"):
+            pool.step({0: "a"})  # resizing abandons the episodes in progress
+        with pytest.raises(ValueError, match="one task per env"):
+            pool.reset(_tasks(4))
+        obs = pool.reset(_tasks(7))
+        assert [o.text.split()[1] for o in obs] == [f"t{i}" for i in range(7)]
+        # envs 0-3 in the first worker, 4-6 in the second (round(7/2) = 4)
+        assert {_pid(o) for o in obs[:4]} == {_pid(first[0])} and {_pid(o) for o in obs[4:]} == {_pid(first[3])}
+        assert pool.step({6: "b", 1: "a"})[6][0].text == "b 1"
+        # an index keeps its env object while its worker owns it: 0-1 stayed in the first worker, 2-3 moved
+        assert [_resets(o) for o in obs] == [2, 2, 1, 1, 1, 1, 1]
+        pool.resize(4)
+        assert [_resets(o) for o in pool.reset(_tasks(4))] == [3, 3, 2, 2]  # 2-3 back in the second worker
+        pool.resize(1)
+        with pytest.raises(IndexError):
+            pool.step({1: "a"})
+        assert pool.reset(_tasks(1))[0].text.startswith("start t0")
+        assert pool.step({0: "a"})[0][0].text == "a 1"
+        with pytest.raises(ValueError, match="num_envs must be >= 1"):
+            pool.resize(0)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.resize(3)
+
+
+def test_resize_up_starts_the_workers_a_small_pool_left_out_and_close_stops_them():
+    pool = EnvPool(ScriptedFactory(), num_envs=1, num_workers=3)
+    try:
+        assert len(pool.worker_pids) == 1
+        pool.reset(_tasks(1))
+        pool.resize(6)
+        pids = pool.worker_pids
+        assert len(set(pids)) == 3 and pids[0] == pool.worker_pids[0]
+        obs = pool.reset(_tasks(6))
+        assert [_pid(o) for o in obs] == [str(p) for p in pids for _ in range(2)]
+        assert {p.pid for p in _our_children()} >= set(pids)
+    finally:
+        pool.close()
+    assert not set(pids) & {p.pid for p in _our_children()}
+
+
+def test_in_process_pool_resizes():
+    with EnvPool(ScriptedFactory(), num_envs=2, num_workers=0) as pool:
+        pool.reset(_tasks(2))
+        pool.resize(5)
+        assert [o.text.split()[1] for o in pool.reset(_tasks(5))] == [f"t{i}" for i in range(5)]
+        assert pool.step({4: "a"})[4][0].text == "a 1"
 
 
 def test_env_exception_ends_only_that_episode():
@@ -226,4 +313,4 @@ def test_pool_starts_inside_a_loky_worker():
     results = Parallel(n_jobs=2, backend="loky")(delayed(_play_in_this_process)(2) for _ in range(2))
     for method, texts in results:
         assert method == "spawn"
-        assert [t.split(" pid ")[0] for t in texts] == ["start t0", "start t1"]
+        assert [t.split(" resets ")[0] for t in texts] == ["start t0", "start t1"]

@@ -1,4 +1,5 @@
-"""``RolloutCollector.warm_up``: the benchmark starts the env workers before it times a rollout.
+"""The collector's env pool: ``warm_up`` starts the workers before a benchmark times a rollout, and batches of
+other sizes (the held-out set, the training batch) re-use those workers.
 
 The first reset of a pool starts its processes and fills their caches, so the first timed path of a benchmark would
 pay it; warming up must start the very pool ``collect`` then uses and must not change what ``collect`` plays.
@@ -59,3 +60,25 @@ def test_warm_up_starts_the_pool_collect_uses_and_leaves_the_rollout_unchanged()
     finally:
         warmed.close()
         cold.close()
+
+
+def test_batches_of_other_sizes_share_one_pool_and_play_as_a_fresh_one():
+    policy, suite = build_test_tiny(), fake_room_suite()
+    shared_pools: list[EnvPool] = []
+    shared = _collector(policy, suite, shared_pools)
+    fresh_pools: list[EnvPool] = []
+    fresh = _collector(policy, suite, fresh_pools)
+    try:
+        held_out = shared.collect(suite.eval_tasks[:2], 1, temperature=1.0)  # an evaluation-sized batch first
+        workers = shared_pools[0].worker_pids
+        torch.manual_seed(0)
+        train = shared.collect(suite.train_tasks[:3], 2)
+        assert len(shared_pools) == 1 and shared_pools[0].worker_pids == workers and shared_pools[0].num_envs == 6
+        assert len(held_out.episodes) == 2 and len(train.episodes) == 6
+        torch.manual_seed(0)
+        alone = fresh.collect(suite.train_tasks[:3], 2)
+        assert train.turns and _played(train.turns) == _played(alone.turns)
+    finally:
+        shared.close()
+        fresh.close()
+    assert all(pid is None for pid in shared_pools[0].worker_pids)  # close stops the one pool's workers
