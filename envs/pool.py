@@ -175,7 +175,7 @@ class EnvPool:
         self._lost: dict[int, str] = {}  # active envs whose worker died while they were not being stepped
         self._local: dict[int, Env] = {}
         self._workers: list[_Worker] = []
-        self._owner: list[int] = [0] * num_envs
+        self._owner: list[int] = []  # env index -> its worker (``_assign``)
         if self.num_workers > 0:
             try:
                 pickle.dumps(env_factory)
@@ -218,7 +218,6 @@ class EnvPool:
         if num_envs == self.num_envs:
             return
         self.num_envs = num_envs
-        self._owner = [0] * num_envs
         self._active.clear()
         self._lost.clear()
         self._last_obs.clear()
@@ -313,13 +312,10 @@ class EnvPool:
     def _assign(self) -> None:
         """Contiguous blocks of env indices, one per worker (a worker may get none when envs < workers)."""
         workers = len(self._workers)
-        if not workers:
-            return
-        bounds = [round(i * self.num_envs / workers) for i in range(workers + 1)]
+        bounds = [round(i * self.num_envs / workers) for i in range(workers + 1)] if workers else []
         for w, worker in enumerate(self._workers):
             worker.indices = tuple(range(bounds[w], bounds[w + 1]))
-            for idx in worker.indices:
-                self._owner[idx] = w
+        self._owner = [w for w, worker in enumerate(self._workers) for _ in worker.indices]
 
     def _check_open(self) -> None:
         if self._closed:
