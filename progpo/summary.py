@@ -32,3 +32,41 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
+
+
+_PHASE_LABELS = {"rollout": "rollout", "score": "scoring", "credit": "credit", "update": "update",
+                 "sync": "weight sync"}
+
+
+def time_table(rows: Sequence[dict[str, float]], build_s: float, total_s: float) -> str:
+    """Markdown table of where a run's wall clock went: build, held-out evaluation, RL iterations by phase, the rest.
+
+    ``rows``: the metric rows this process logged (an iteration's carry ``perf/<phase>_s``, an evaluation's
+    ``perf/val_rollout_s``); ``build_s``: ``build``'s seconds; ``total_s``: from ``build``'s start to the summary.
+    "the rest" is what no phase timed: checkpoints, logging, plots, Lightning's loop.
+    """
+    evals = [row["perf/val_rollout_s"] for row in rows if "perf/val_rollout_s" in row]
+    iterations = [row for row in rows if "perf/rollout_s" in row]
+    phases: dict[str, float] = {}
+    for row in iterations:
+        for key, value in row.items():
+            if key.startswith("perf/") and key.endswith("_s") and not key.endswith("_per_s"):  # not throughputs
+                phase = key[len("perf/"):-len("_s")]
+                phases[phase] = phases.get(phase, 0.0) + value
+    iterations_s = sum(phases.values())
+    rest = total_s - build_s - sum(evals) - iterations_s
+
+    def line(label: str, seconds: float) -> str:
+        share = f"{100 * seconds / total_s:.0f}%" if total_s > 0 else "n/a"
+        return f"| {label} | {seconds:.1f} | {share} |"
+
+    lines = ["| time | seconds | share |", "|---|---:|---:|",
+             line("build (tracking store, env suite, model, engine)", build_s)]
+    if evals:
+        lines.append(line(f"held-out evaluation ({len(evals)})", sum(evals)))
+    if iterations:
+        lines.append(line(f"RL iterations ({len(iterations)})", iterations_s))
+        lines += [line(f"- {_PHASE_LABELS.get(phase, phase)}", seconds) for phase, seconds in phases.items()
+                  if seconds > 0]
+    lines += [line("checkpoints, logging, plots, the rest", rest), line("**total** (build to summary)", total_s)]
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class Run:
     datamodule: Any
     record: Any
     trainer: Any
+    started: float = 0.0  # time.perf_counter() when build began
+    build_s: float = 0.0
 
 
 def build_with(node: DictConfig, **runtime: Any) -> Any:
@@ -142,6 +145,7 @@ def _build_rollout(cfg: DictConfig, typed: RunConfig, suite, policy) -> tuple[An
 
 def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
     """Everything one run needs, built in the order that fails fastest; nothing is trained yet."""
+    started = time.perf_counter()
     typed, run_dir, ckpt, run_id = _prepare(cfg)
     with open_dict(cfg):
         if run_id and "run_id" in cfg.logger:
@@ -149,11 +153,13 @@ def build(cfg: DictConfig, callbacks: list | None = None) -> Run:
     # Checks the tracking store before anything slow is built. Only rank 0 tracks (metrics are reduced over ranks).
     logger = build_with(cfg.logger, cfg=cfg) if dist.is_primary() else None
     try:
-        return _build_parts(cfg, typed, run_dir, ckpt, logger, callbacks or [])
+        run = _build_parts(cfg, typed, run_dir, ckpt, logger, callbacks or [])
     except BaseException as error:
         if hasattr(logger, "end_run"):
             logger.end_run("FAILED", error)
         raise
+    run.started, run.build_s = started, time.perf_counter() - started
+    return run
 
 
 def _build_parts(cfg: DictConfig, typed: RunConfig, run_dir: Path, ckpt: Path | None, logger, callbacks: list) -> Run:
@@ -211,7 +217,7 @@ def _build_parts(cfg: DictConfig, typed: RunConfig, run_dir: Path, ckpt: Path | 
 def fit(run: Run) -> dict[str, float]:
     """Evaluate the start point, train, evaluate the end point; write the summary and curves."""
     from progpo.lit.plots import plot_curves
-    from progpo.summary import summary_table
+    from progpo.summary import summary_table, time_table
     from progpo.tracking import run_status
 
     trainer, module, datamodule, record = run.trainer, run.module, run.datamodule, run.record
@@ -237,8 +243,10 @@ def fit(run: Run) -> dict[str, float]:
             sampling = "greedy" if temperature == 0 else f"sampled at T={temperature:g}"
             sampling += f", {per_task} episodes per task" if per_task > 1 else ""
             log.info("summary (held-out success, %s; start vs end):\n%s", sampling, table)
-            (run.run_dir / "summary.md").write_text(table + "\n")
             plot_curves(record.history, run.run_dir, run.logger)
+            timing = time_table(record.rows_this_process(), run.build_s, time.perf_counter() - run.started)
+            log.info("where this process's time went:\n%s", timing)
+            (run.run_dir / "summary.md").write_text(f"{table}\n\n{timing}\n")
     return record.final_metrics()
 
 

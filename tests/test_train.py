@@ -44,7 +44,9 @@ def test_fast_dev_run_each_estimator(tmp_path, credit):
     assert metrics["rollout/logprob_diff_mean"] < 1e-5 and metrics["rollout/logprob_diff_max"] < 1e-3
     assert 0.0 <= metrics["rollout/sampler_kl"] < 1e-6
     assert (run.run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert (run.run_dir / "summary.md").read_text().startswith("| task type")
+    summary = (run.run_dir / "summary.md").read_text()
+    assert summary.startswith("| task type")
+    _check_time_table(summary, _rows(run.run_dir / "metrics.jsonl"))
     if credit == "progpo":
         for key in ("peer_zero", "transition_active", "transition_only", "still_zero", "multi_depth"):
             assert f"credit/{key}" in metrics
@@ -57,6 +59,25 @@ def test_fast_dev_run_each_estimator(tmp_path, credit):
 
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _check_time_table(summary: str, rows: list[dict]) -> None:
+    """The summary's time table: each part the sum of the run's logged seconds, and parts that add up to the total."""
+    table = summary[summary.index("| time |"):]
+    seconds = {}
+    for line in table.splitlines()[2:]:
+        label, value, _ = (cell.strip() for cell in line.strip("|").split("|"))
+        seconds[label] = float(value)
+    iterations = [row for row in rows if "perf/rollout_s" in row]
+    evaluations = [row["perf/val_rollout_s"] for row in rows if "perf/val_rollout_s" in row]
+    update = sum(row["perf/update_s"] for row in iterations)
+    assert seconds[f"RL iterations ({len(iterations)})"] > 0
+    assert seconds["- update"] == pytest.approx(update, abs=0.05)
+    assert seconds[f"held-out evaluation ({len(evaluations)})"] == pytest.approx(sum(evaluations), abs=0.05)
+    parts = sum(value for label, value in seconds.items() if not label.startswith(("- ", "**total**")))
+    assert seconds["**total** (build to summary)"] == pytest.approx(parts, abs=0.25)
+    assert seconds["build (tracking store, env suite, model, engine)"] > 0
+    assert seconds["checkpoints, logging, plots, the rest"] >= 0  # every timed part lies inside the total
 
 
 @pytest.mark.slow

@@ -13,19 +13,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
+from progpo.bench.runs import add_run_arguments, configured_run
 from progpo.rollout.engines.constrained import AnswerCursor, answer_space
 from progpo.rollout.engines.hf_engine import HFEngine
 from progpo.rollout.engines.kv_decoding import StopRule, left_pad
-
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 @dataclass
@@ -139,43 +136,30 @@ def _timed(model, fn, call: RecordedCall) -> tuple[float, int, int]:
 
 
 def bench_decoding(args: argparse.Namespace) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from progpo.train import build
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="progpo-bench-") as tmp:
-        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=["logger=none", f"run_dir={tmp}/run", *args.overrides])
-        run = build(cfg)
-        try:
-            rl, engine = run.module.rl, run.engine
-            if not isinstance(engine, HFEngine):
-                raise SystemExit("bench decoding measures the HF engine (rollout=hf)")
-            recorder = _Recorder(engine)
-            rl.collector.engine = recorder
-            torch.manual_seed(0)
-            rl.collector.collect(run.datamodule.train_batch().tasks, rl.group_size)
-            rl.collector.engine = engine
-            model = engine.policy.model
-            model.eval()
-            loop, baseline = Timing(), Timing()
-            for repeat in range(args.repeats):
-                for timing, fn in ((loop, lambda c: engine.generate(c.prompts, admissible=c.admissible,
-                                                                    task_texts=c.task_texts).n_generated_tokens),
-                                   (baseline, lambda c: generate_baseline(engine, c))):
-                    torch.manual_seed(repeat)
-                    seconds, tokens, calls = 0.0, 0, 0
-                    for call in recorder.calls:
-                        s, t, n = _timed(model, fn, call)
-                        seconds, tokens, calls = seconds + s, tokens + t, calls + n
-                    timing.seconds.append(seconds)
-                    timing.tokens.append(tokens)
-                    timing.calls.append(calls)
-        finally:
-            run.collector.close()
-            run.engine.close()
+    with configured_run(args.overrides, args.threads) as (_, run):
+        rl, engine = run.module.rl, run.engine
+        if not isinstance(engine, HFEngine):
+            raise SystemExit("bench decoding measures the HF engine (rollout=hf)")
+        recorder = _Recorder(engine)
+        rl.collector.engine = recorder
+        torch.manual_seed(0)
+        rl.collector.collect(run.datamodule.train_batch().tasks, rl.group_size)
+        rl.collector.engine = engine
+        model = engine.policy.model
+        model.eval()
+        loop, baseline = Timing(), Timing()
+        for repeat in range(args.repeats):
+            for timing, fn in ((loop, lambda c: engine.generate(c.prompts, admissible=c.admissible,
+                                                                task_texts=c.task_texts).n_generated_tokens),
+                               (baseline, lambda c: generate_baseline(engine, c))):
+                torch.manual_seed(repeat)
+                seconds, tokens, calls = 0.0, 0, 0
+                for call in recorder.calls:
+                    s, t, n = _timed(model, fn, call)
+                    seconds, tokens, calls = seconds + s, tokens + t, calls + n
+                timing.seconds.append(seconds)
+                timing.tokens.append(tokens)
+                timing.calls.append(calls)
     prompts = sum(len(c.prompts) for c in recorder.calls)
     distinct = sum(len({tuple(p) for p in c.prompts}) for c in recorder.calls)
     lines = [f"# progpo.bench decoding: {run.policy.name}, {len(recorder.calls)} engine calls, {prompts} prompts "
@@ -193,7 +177,5 @@ def bench_decoding(args: argparse.Namespace) -> None:
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("decoding", help="the HF engine's decoding loop against transformers generate")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. model=smollm2-135m")
-    parser.add_argument("--repeats", type=int, default=2, help="replays per decoding path (medians)")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add_run_arguments(parser, repeats_help="replays per decoding path (medians)")
     parser.set_defaults(run=bench_decoding)

@@ -22,22 +22,19 @@ import io
 import pstats
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
 from progpo.algo.ppo import minibatch_plan, ppo_update, updated_steps
 from progpo.algo.scoring import reference_logprobs, score_turns
+from progpo.bench.runs import add_run_arguments, configured_run
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.models.attention import use_attention
 from progpo.models.window import full_pass, supports_window
 from progpo.types import RolloutBatch, Turn
-
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 @dataclass(frozen=True)
@@ -275,45 +272,32 @@ def bench_paths(bf16: bool, attention: str) -> list[BenchPath]:
 
 
 def bench_iteration(args: argparse.Namespace) -> None:
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from progpo.train import build
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="progpo-bench-") as tmp:
-        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-            cfg = compose(config_name="config",
-                          overrides=["logger=none", f"run_dir={tmp}/run", *args.overrides])
-        run = build(cfg)
-        try:
-            rl = run.module.rl
-            shape = ModelShape.of(rl.actor)
-            peaks = {"float32": matmul_peak_gflops(shape, torch.float32),
-                     "bf16": matmul_peak_gflops(shape, torch.bfloat16)}
-            optimizer_factory = instantiate(cfg.optim)
-            bf16 = args.bf16 == "on" or (args.bf16 == "auto" and (rl.actor.device.type == "cuda"
-                                                                  or cpu_has_fast_bf16() is not False))
-            configured = rl.actor.config._attn_implementation
-            paths = bench_paths(bf16, configured)
-            runs: dict[BenchPath, list[PhaseTimes]] = {p: [] for p in paths}
-            warm_up_s = []
-            for repeat in range(args.repeats):
-                tasks = run.datamodule.train_batch().tasks
-                # untimed: the first path must not pay the workers' start (the first repeat) or the new games' loading
-                warm_up_s.append(rl.collector.warm_up(tasks, rl.group_size))
-                for path in paths:
-                    runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat))
-            _use_path(rl, paths[-1])
-            if args.profile_rollout:
-                profiler = cProfile.Profile()
-                profiler.enable()
-                rl.collector.collect(run.datamodule.train_batch().tasks, rl.group_size)
-                profiler.disable()
-        finally:
-            run.collector.close()
-            run.engine.close()
+    with configured_run(args.overrides, args.threads) as (cfg, run):
+        rl = run.module.rl
+        shape = ModelShape.of(rl.actor)
+        peaks = {"float32": matmul_peak_gflops(shape, torch.float32),
+                 "bf16": matmul_peak_gflops(shape, torch.bfloat16)}
+        optimizer_factory = instantiate(cfg.optim)
+        bf16 = args.bf16 == "on" or (args.bf16 == "auto" and (rl.actor.device.type == "cuda"
+                                                              or cpu_has_fast_bf16() is not False))
+        configured = rl.actor.config._attn_implementation
+        paths = bench_paths(bf16, configured)
+        runs: dict[BenchPath, list[PhaseTimes]] = {p: [] for p in paths}
+        warm_up_s = []
+        for repeat in range(args.repeats):
+            tasks = run.datamodule.train_batch().tasks
+            # untimed: the first path must not pay the workers' start (the first repeat) or the new games' loading
+            warm_up_s.append(rl.collector.warm_up(tasks, rl.group_size))
+            for path in paths:
+                runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat))
+        _use_path(rl, paths[-1])
+        if args.profile_rollout:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            rl.collector.collect(run.datamodule.train_batch().tasks, rl.group_size)
+            profiler.disable()
     lines = [
         f"# progpo.bench iteration: {run.policy.name}, {shape.decoder_matmul_params / 1e6:.2f}M decoder matmul params, "
         f"{args.repeats} repeat(s), {torch.get_num_threads()} torch thread(s)",
@@ -350,9 +334,7 @@ def bench_iteration(args: argparse.Namespace) -> None:
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("iteration", help="time one training iteration's phases, float32 against bf16")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. model=smollm2-135m")
-    parser.add_argument("--repeats", type=int, default=2, help="iterations measured per path (medians)")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add_run_arguments(parser, repeats_help="iterations measured per path (medians)")
     parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                         help="also measure bf16 autocast (auto: unless the CPU lacks AMX-BF16/AVX512-BF16, where bf16 "
                              "matmuls are emulated; their peak is printed either way)")

@@ -46,10 +46,12 @@ class RunRecord(L.Callback):
         self.last_eval_iteration = -1
         self.iterations_done = 0
         self.logger_run_id: str | None = None
+        self.logged_here = 0  # rows this process logged (a resumed run's history starts with the checkpoint's)
 
     def _append(self, trainer, step: int, metrics: dict[str, float]) -> None:
         row = {"step": float(step), **finite(metrics)}
         self.history.append(row)
+        self.logged_here += 1
         if trainer.is_global_zero:  # every rank keeps the record (the metrics are over all ranks); rank 0 writes
             with self.path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
@@ -75,6 +77,10 @@ class RunRecord(L.Callback):
         self.last_eval = dict(result.metrics)
         self.last_eval_iteration = result.iteration
         self._append(trainer, result.iteration, result.metrics)
+
+    def rows_this_process(self) -> list[dict[str, float]]:
+        """The rows this process logged, not those a resumed run restored from its checkpoint."""
+        return self.history[len(self.history) - self.logged_here:]
 
     def final_metrics(self) -> dict[str, float]:
         """Last value of every metric, plus the start-of-run evaluation under ``start/``."""
