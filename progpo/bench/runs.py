@@ -10,12 +10,11 @@ import argparse
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
+from progpo.config import CONF_DIR
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, repeats_help: str) -> None:
@@ -36,7 +35,7 @@ def configured_run(overrides: list[str], threads: int = 0) -> Iterator[tuple[Dic
     if threads:
         torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="progpo-bench-") as tmp:
-        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=["logger=none", f"run_dir={tmp}/run", *overrides])
         run = build(cfg)
         try:

@@ -9,15 +9,13 @@ training builds it (``history`` follows ``rollout.history``).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from progpo.config import ConfigError
+from progpo.config import CONF_DIR, ConfigError
 from progpo.config.groups import require
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 TRUTH_ESTIMATORS = ("auto", "complement", "sampled")  # progpo.fidelity.truth explains them
 
 
@@ -72,8 +70,8 @@ class FidelityConfig:
 
 def estimator_choices() -> tuple[list[str], list[str]]:
     """The credit configs and the ablations an estimator name can combine."""
-    credits = sorted(p.stem for p in (CONF / "credit").glob("*.yaml"))
-    ablations = sorted(p.stem for p in (CONF / "ablation").glob("*.yaml"))
+    credits = sorted(p.stem for p in (CONF_DIR / "credit").glob("*.yaml"))
+    ablations = sorted(p.stem for p in (CONF_DIR / "ablation").glob("*.yaml"))
     return credits, ablations
 
 
@@ -87,9 +85,9 @@ def estimator_node(name: str, cfg: DictConfig) -> DictConfig:
             f"one joined to an ablation with _ (e.g. progpo_{ablations[0] if ablations else 'plain'}; "
             f"ablations: {', '.join(ablations)})"
         )
-    node = OmegaConf.load(CONF / "credit" / f"{credit}.yaml")
+    node = OmegaConf.load(CONF_DIR / "credit" / f"{credit}.yaml")
     if ablation:
-        node = OmegaConf.merge(node, OmegaConf.load(CONF / "ablation" / f"{ablation}.yaml").get("credit", {}))
+        node = OmegaConf.merge(node, OmegaConf.load(CONF_DIR / "ablation" / f"{ablation}.yaml").get("credit", {}))
     wrapper = OmegaConf.create({"rollout": OmegaConf.to_container(cfg.rollout, resolve=True), "credit": node})
     return OmegaConf.create(OmegaConf.to_container(wrapper.credit, resolve=True))
 

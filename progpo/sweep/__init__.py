@@ -41,7 +41,6 @@ from progpo.sweep.spec import (
 )
 from progpo.sweep.study import KilledTrialCallback, create_study, make_storage, storage_lock, trials_toward_n
 from progpo.sweep.trial import (
-    REPO_CONF,
     OptunaTrialCallback,
     TrainerObjective,
     check_trainer_config,
@@ -56,7 +55,6 @@ __all__ = [
     "FidelitySweepResult",
     "Judgement",
     "PARAM_TYPES",
-    "REPO_CONF",
     "KilledTrialCallback",
     "OptunaTrialCallback",
     "ParamSpec",

@@ -12,12 +12,12 @@ import lightning as L
 import optuna
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from progpo.config import CONF_DIR
 from progpo.sweep.runner import SweepResult, run_sweep
 from progpo.sweep.spec import SweepSpec, SweepSpecError
 
 log = logging.getLogger(__package__)
 
-REPO_CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 class OptunaTrialCallback(L.Callback):
@@ -57,7 +57,7 @@ class OptunaTrialCallback(L.Callback):
 def _compose_with_hydra(spec: SweepSpec, overrides: Sequence[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
-    config_dir = str(Path(spec.config_dir).resolve() if spec.config_dir else REPO_CONF)
+    config_dir = str(Path(spec.config_dir).resolve() if spec.config_dir else CONF_DIR)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name=spec.study_name):
         return compose(config_name=spec.config_name, overrides=list(overrides), return_hydra_config=True)
 
