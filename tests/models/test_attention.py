@@ -68,6 +68,29 @@ def test_bf16_matmul_attention_equals_its_definition(case):
     torch.testing.assert_close(out.double(), expected, atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("case", ["causal prefill", "boolean mask"])
+def test_bf16_matmul_attention_gradients_match_float64_attention(case):
+    """The backward runs through the bf16 softmax: its gradients agree with float64 attention to bf16 precision."""
+    query, key, value = (x.bfloat16().float().requires_grad_() for x in _qkv(batch=3, q_len=12, kv_len=12, dim=16))
+    allowed = torch.ones(12, 12, dtype=torch.bool).tril().expand(3, 1, 12, 12)
+    if case == "boolean mask":
+        allowed = allowed & (torch.rand(3, 1, 12, 12, generator=torch.Generator().manual_seed(2)) > 0.3)
+        allowed = allowed | torch.eye(12, dtype=torch.bool)  # every query keeps a key
+    g = torch.Generator().manual_seed(3)
+    upstream = torch.randn(3, 12, 4, 16, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        out, _ = bf16_matmul_attention(_Module(groups=2), query, key, value, None if case == "causal prefill" else allowed,
+                                       scaling=0.25)
+    got = torch.autograd.grad(out.float(), (query, key, value), upstream)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (query, key, value))
+    scores = (q64 @ k64.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.25).masked_fill(~allowed, -torch.inf)
+    reference = (torch.softmax(scores, dim=-1) @ v64.repeat_interleave(2, dim=1)).transpose(1, 2)
+    expected = torch.autograd.grad(reference, (q64, k64, v64), upstream.double())
+    for name, a, b in zip("qkv", got, expected):
+        relative = float((a.double() - b).norm() / b.norm())
+        assert relative < 1.5e-2, f"d{name}: relative error {relative:.2e}"
+
+
 def test_bf16_matmul_attention_is_sdpa_outside_a_cpu_in_bf16():
     query, key, value = _qkv()
     module = _Module(groups=2)
