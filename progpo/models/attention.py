@@ -26,12 +26,16 @@ AttentionImplementation = Literal["bf16_matmul", "sdpa", "eager"]
 IMPLEMENTATIONS = get_args(AttentionImplementation)
 
 
+def cpu_bf16_autocast() -> bool:
+    """Whether the code runs inside a CPU autocast to bf16 (Lightning's ``bf16-mixed`` on a CPU)."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def _cpu_bf16(query: torch.Tensor, value: torch.Tensor) -> bool:
     """On a CPU, with bf16 inputs or inside a bf16 autocast (rotary embeddings hand float32 queries over)."""
     if query.device.type != "cpu":
         return False
-    return value.dtype == torch.bfloat16 or (
-        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    return value.dtype == torch.bfloat16 or cpu_bf16_autocast()
 
 
 def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

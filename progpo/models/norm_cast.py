@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from progpo.models.attention import cpu_bf16_autocast
+
 _MARK = "_progpo_norm_cast"
 
 
 def _to_bf16_under_cpu_autocast(module: torch.nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
-    if (output.dtype == torch.float32 and output.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+    if output.dtype == torch.float32 and output.device.type == "cpu" and cpu_bf16_autocast():
         return output.to(torch.bfloat16)
     return output
 

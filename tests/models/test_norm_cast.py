@@ -18,17 +18,16 @@ def _model() -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
-def _logprobs(model, with_grad: bool):
+def _logprobs_and_grads(model):
     batch = pad_prompt_response([[1, 2, 3, 4, 5], [6, 7, 8]], [[9, 10, 11], [12, 13]], pad_token_id=0)
     model.zero_grad()
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
         out = forward_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
-    if with_grad:
-        out.token_logprobs.sum().backward()
+    out.token_logprobs.sum().backward()
     return out.token_logprobs.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def _cast_count(model, hooked: bool) -> int:
+def _cast_count(model) -> int:
     """Float32 -> bf16 casts in one forward under CPU bf16 autocast (torch's profiler)."""
     batch = pad_prompt_response([[1, 2, 3, 4, 5]], [[9, 10]], pad_token_id=0)
     with torch.profiler.profile(record_shapes=True) as prof, torch.no_grad(), \
@@ -45,14 +44,14 @@ def test_norm_outputs_are_cast_once_with_the_numbers_autocast_gives():
     cast_norm_outputs(hooked)
     cast_norm_outputs(hooked)  # a second call adds no second hook
     assert all(len(layer.input_layernorm._forward_hooks) == 1 for layer in hooked.model.layers)
-    plain_lp, plain_grads = _logprobs(plain, with_grad=True)
-    hooked_lp, hooked_grads = _logprobs(hooked, with_grad=True)
+    plain_lp, plain_grads = _logprobs_and_grads(plain)
+    hooked_lp, hooked_grads = _logprobs_and_grads(hooked)
     # the forward: the projections get the very bf16 tensor autocast makes, so the log-probs are identical
     assert torch.equal(plain_lp, hooked_lp)
     # the backward adds the projections' input gradients in bf16 first: equal to bf16 precision
     for a, b in zip(plain_grads, hooked_grads):
         assert float((a - b).norm()) <= 2e-2 * float(a.norm()) + 1e-8
-    assert _cast_count(hooked, True) < _cast_count(plain, False)
+    assert _cast_count(hooked) < _cast_count(plain)
 
 
 def test_outside_autocast_the_norms_output_float32_unchanged():
