@@ -32,7 +32,7 @@ def cpu_bf16_autocast() -> bool:
 
 
 def _cpu_bf16(query: torch.Tensor, value: torch.Tensor) -> bool:
-    """On a CPU, with bf16 inputs or inside a bf16 autocast (rotary embeddings hand float32 queries over)."""
+    """On a CPU, with bf16 inputs or inside a bf16 autocast (float32 rotary tables hand the queries over in float32)."""
     if query.device.type != "cpu":
         return False
     return value.dtype == torch.bfloat16 or cpu_bf16_autocast()

@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from envs.base import EnvSuite
 from progpo.models.attention import NAME as BF16_MATMUL
 from progpo.models.attention import AttentionImplementation, use_attention
+from progpo.models.bf16_activations import keep_activations_bf16
 from progpo.models.cache import cached_build
 from progpo.models.compile import compile_layers
-from progpo.models.norm_cast import cast_norm_outputs
 from progpo.types import Policy
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def build_smollm2(
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype)).to(device)
     model.eval()
     use_attention(model, attn_implementation)
-    cast_norm_outputs(model)
+    keep_activations_bf16(model)
     if compile:
         compile_layers(model)
     return Policy(model=model, tokenizer=tokenizer, name=name, max_context=max_context, source=str(folder),

@@ -23,9 +23,9 @@ from progpo.config.groups import WarmStartConfig
 from progpo.hardware import resolve_precision
 from progpo.models.attention import NAME as BF16_MATMUL
 from progpo.models.attention import AttentionImplementation, use_attention
+from progpo.models.bf16_activations import keep_activations_bf16
 from progpo.models.cache import cached_build
 from progpo.models.compile import compile_layers
-from progpo.models.norm_cast import cast_norm_outputs
 from progpo.models.tiny import (
     check_reload,
     count_parameters,
@@ -147,7 +147,7 @@ def build_tiny(
         folder = cached_build("tiny", focus_params, build_focus)
     policy = load_tiny(folder, device=device, name=name, max_context=max_context)
     use_attention(policy.model, attn_implementation)
-    cast_norm_outputs(policy.model)
+    keep_activations_bf16(policy.model)
     if compile:
         compile_layers(policy.model)
     policy.prompt_style = prompt_style
