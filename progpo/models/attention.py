@@ -38,6 +38,17 @@ def _cpu_bf16(query: torch.Tensor, value: torch.Tensor) -> bool:
     return value.dtype == torch.bfloat16 or cpu_bf16_autocast()
 
 
+LOWEST = torch.finfo(torch.bfloat16).min
+
+
+def _mask_bias(allowed: torch.Tensor) -> torch.Tensor:
+    """0 where ``allowed``, bf16's lowest elsewhere. Added to bf16 scores it masks them exactly as ``masked_fill``
+    with the lowest value does (a score plus the lowest rounds to the lowest), but a broadcast add runs ~3x faster
+    than a broadcast ``masked_fill`` on CPU and its backward passes the gradient through instead of masking it (the
+    masked keys' probabilities are 0, so their gradient is too)."""
+    return torch.zeros(allowed.shape, dtype=torch.bfloat16, device=allowed.device).masked_fill_(~allowed, LOWEST)
+
+
 def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
@@ -56,16 +67,15 @@ def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     q_len, kv_len = query.shape[2], key.shape[2]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scores = torch.matmul(query * scale, key.transpose(-1, -2))  # bf16, as the product rounds it
-    lowest = torch.finfo(torch.bfloat16).min
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if attention_mask is None:
         if q_len > 1 and causal:
             allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
-            scores = scores.masked_fill_(~allowed, lowest)  # in place: the product's backward does not read it
+            scores = scores.add_(_mask_bias(allowed))  # in place: the product's backward does not read it
     elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill_(~attention_mask, lowest)
+        scores = scores.add_(_mask_bias(attention_mask))
     else:  # an additive float mask: added in float32, clamped into bf16's range (a masked key stays finite)
-        scores = (scores.float() + attention_mask).clamp(min=lowest).to(torch.bfloat16)
+        scores = (scores.float() + attention_mask).clamp(min=LOWEST).to(torch.bfloat16)
     # torch's CPU softmax of bf16 accumulates in float32 (forward and backward) and rounds its output to bf16,
     # which the product with v rounds it to anyway: no float32 copy of the [B, heads, L, L] scores is made
     probs = torch.softmax(scores, dim=-1)

@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from progpo.models.attention import bf16_matmul_attention, use_attention
+from progpo.models.attention import LOWEST, _mask_bias, bf16_matmul_attention, use_attention
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 
 
@@ -89,6 +89,16 @@ def test_bf16_matmul_attention_gradients_match_float64_attention(case):
     for name, a, b in zip("qkv", got, expected):
         relative = float((a.double() - b).norm() / b.norm())
         assert relative < 1.5e-2, f"d{name}: relative error {relative:.2e}"
+
+
+def test_adding_the_mask_bias_masks_bf16_scores_exactly_as_masked_fill():
+    torch.manual_seed(0)
+    scores = (torch.randn(3, 2, 9, 9) * torch.tensor([1.0, 1e3, 1e30])[:, None, None, None]).to(torch.bfloat16)
+    allowed = torch.rand(3, 1, 9, 9) > 0.4
+    allowed[0, 0, 2] = False  # a query with no allowed key
+    filled = scores.clone().masked_fill_(~allowed, LOWEST)
+    assert torch.equal(scores.clone().add_(_mask_bias(allowed)), filled)
+    assert torch.equal(torch.softmax(scores + _mask_bias(allowed), -1), torch.softmax(filled, -1))
 
 
 def test_bf16_matmul_attention_is_sdpa_outside_a_cpu_in_bf16():
