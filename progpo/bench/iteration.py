@@ -5,9 +5,10 @@ each repeat's tasks (untimed: the first path would otherwise pay the workers' st
 tasks on each path and times each phase: rollout, scoring (the recomputing path, actor + reference passes, against
 the reusing one, reference only), credit and the PPO update (from the same weights each time). The update is timed
 twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
-forward (the update before that sharing). The paths: float32 and bf16 as they ran before the window and the
-attention choice (SDPA, every layer at every position: "before"), and the configured run ("new": the model's
-``attn_implementation`` and the response window of ``progpo.models.window``, in bf16 where the CPU has it). Each
+forward (the update before that sharing). The paths: float32 and bf16 as they ran before the window, the
+attention choice and the bf16 activations (SDPA, every layer at every position, autocast's own dtypes: "before"),
+and the configured run ("new": the model's ``attn_implementation``, the response window of ``progpo.models.window``
+and ``progpo.models.bf16_activations``, in bf16 where the CPU has it). Each
 phase's FLOPs as its path computes them (no padding, causal attention, KV-cache decoding counted once) are set
 against this machine's matmul peak measured in the same run, so the numbers mean something on a shared machine
 too; the old path (float32, recompute, unshared update), the bf16 path before and the new one are printed as ratios.
@@ -33,6 +34,7 @@ from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.bench.runs import add_run_arguments, configured_run
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.models.attention import use_attention
+from progpo.models.bf16_activations import autocast_activations
 from progpo.models.window import full_pass, supports_window
 from progpo.types import RolloutBatch, Turn
 
@@ -86,12 +88,14 @@ def turn_flops(shape: ModelShape, turn: Turn, window: bool = False) -> float:
 
 @dataclass(frozen=True)
 class BenchPath:
-    """One way to run the iteration: precision, attention implementation, response window or every position."""
+    """One way to run the iteration: precision, attention implementation, response window or every position, and
+    whether the norms' outputs and rotary tables are bf16 under autocast (``progpo.models.bf16_activations``)."""
 
     name: str
     bf16: bool
     attention: str
     window: bool
+    bf16_activations: bool
 
 
 def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 0.4, windows: int = 5) -> float:
@@ -149,7 +153,8 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, se
     _use_path(rl, path)
     window = path.window and supports_window(actor)
     torch.manual_seed(seed)
-    with _autocast(device, path.bf16), (nullcontext() if path.window else full_pass()):
+    with (_autocast(device, path.bf16), (nullcontext() if path.window else full_pass()),
+          (nullcontext() if path.bf16_activations else autocast_activations())):
         started = time.perf_counter()
         batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
         rollout_s = time.perf_counter() - started
@@ -250,7 +255,9 @@ def _report(label: str, runs: dict[BenchPath, list[PhaseTimes]], peaks: dict[str
         tokens = statistics.median(r.generated_tokens for r in measured)
         turns = statistics.median(r.turns for r in measured)
         lines.append(f"\n{path.name} ({'bf16' if path.bf16 else 'float32'}, attention {path.attention}, "
-                     f"{'response window' if path.window else 'every position'}): {turns:.0f} steps, {tokens:.0f} "
+                     f"{'response window' if path.window else 'every position'}"
+                     f"{', bf16 norm outputs and rotary tables' if path.bf16 and path.bf16_activations else ''}): "
+                     f"{turns:.0f} steps, {tokens:.0f} "
                      f"generated tokens, {tokens / rollout:.0f} tokens/s in the rollout; |sampling - recomputed old "
                      f"log-prob| mean {_median(measured, 'logprob_diff_mean'):.2e}")
     return "\n".join(lines)
@@ -264,10 +271,11 @@ def _iteration_s(runs: list[PhaseTimes], new: bool) -> float:
 
 def bench_paths(bf16: bool, attention: str) -> list[BenchPath]:
     """float32 before (which also times the old path); bf16 before where bf16 is measured; the new path last."""
-    paths = [BenchPath("float32 before", bf16=False, attention="sdpa", window=False)]
+    paths = [BenchPath("float32 before", bf16=False, attention="sdpa", window=False, bf16_activations=False)]
     if bf16:
-        paths.append(BenchPath("bf16 before", bf16=True, attention="sdpa", window=False))
-    paths.append(BenchPath(f"{'bf16' if bf16 else 'float32'} new", bf16=bf16, attention=attention, window=True))
+        paths.append(BenchPath("bf16 before", bf16=True, attention="sdpa", window=False, bf16_activations=False))
+    paths.append(BenchPath(f"{'bf16' if bf16 else 'float32'} new", bf16=bf16, attention=attention, window=True,
+                           bf16_activations=True))
     return paths
 
 

@@ -19,15 +19,31 @@ Measured on the default run (docs/guide/speed-cpu.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
 from progpo.models.attention import cpu_bf16_autocast
 
 _MARK = "_progpo_bf16_activations"
+_OFF: ContextVar[bool] = ContextVar("progpo_bf16_activations_off", default=False)
+
+
+@contextmanager
+def autocast_activations() -> Iterator[None]:
+    """Inside it the hooks leave every output as autocast makes it: the path before them (``bench iteration``)."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
 
 
 def _under_cpu_bf16(tensor: torch.Tensor) -> bool:
-    return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and cpu_bf16_autocast()
+    return (tensor.dtype == torch.float32 and tensor.device.type == "cpu" and cpu_bf16_autocast()
+            and not _OFF.get())
 
 
 def _norm_output_to_bf16(module: torch.nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:

@@ -71,5 +71,5 @@ def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monk
         assert "GFLOP/s" not in row and row.count("%") == 3  # a measured rate against the peak on every path
     assert "old path (float32, recompute old log-probs, every step its own update forward)" in out
     assert out.count("faster than the old path") == 3
-    assert "bf16 new (bf16, attention bf16_matmul, response window)" in out
+    assert "bf16 new (bf16, attention bf16_matmul, response window, bf16 norm outputs and rotary tables)" in out
     assert "new path against bf16 before:" in out

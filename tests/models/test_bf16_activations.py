@@ -7,7 +7,7 @@ import copy
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from progpo.models.bf16_activations import keep_activations_bf16
+from progpo.models.bf16_activations import autocast_activations, keep_activations_bf16
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 
 HEAD_DIM = 8
@@ -105,3 +105,16 @@ def test_outside_autocast_everything_is_float32_and_unchanged():
     with torch.no_grad():
         assert torch.equal(plain(ids).logits, hooked(ids).logits)
         assert hooked.model.layers[0].input_layernorm(torch.randn(1, 4, 32)).dtype == torch.float32
+
+
+def test_inside_autocast_activations_the_hooks_step_aside():
+    """What ``bench iteration``'s "before" path runs: autocast's own dtypes, the same numbers as an unhooked model."""
+    plain = _model()
+    hooked = copy.deepcopy(plain)
+    keep_activations_bf16(hooked)
+    plain_lp, _ = _logprobs_and_grads(plain)
+    with autocast_activations():
+        aside_lp, _ = _logprobs_and_grads(hooked)
+    hooked_lp, _ = _logprobs_and_grads(hooked)
+    assert torch.equal(aside_lp, plain_lp)
+    assert not torch.equal(hooked_lp, plain_lp)  # and outside it they are on again
