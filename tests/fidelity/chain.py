@@ -85,8 +85,8 @@ class _Prompt:
 class CellPrompts:
     """The collector's prompt builder for the chain: the ids are the cell (the scripted policy ignores them)."""
 
-    def build(self, task_description, observation, admissible, past):
-        return _Prompt([int(observation.split()[4])])
+    def build_many(self, steps):
+        return [_Prompt([int(step.observation.split()[4])]) for step in steps]
 
 
 class ScriptedPolicy:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from progpo.rollout.prompt import ELLIPSIS, PromptBuilder
+from progpo.rollout.prompt import ELLIPSIS, PromptBuilder, PromptStep
 
 TASK = "put some apple in drawer 1."
 ADMISSIBLE = ("go to cabinet 1", "go to drawer 1", "look")
@@ -134,3 +134,24 @@ def test_compact_style_has_the_same_content_and_truncates_the_same_way(tokenizer
     assert cut.truncated and len(cut.ids) <= limit and CURRENT in cut.text
     with pytest.raises(ValueError, match="style"):
         PromptBuilder(tokenizer, style="verbose")
+
+
+@pytest.mark.parametrize("style", ["paper", "compact"])
+@pytest.mark.parametrize("history", [0, 2])
+def test_build_many_equals_build_of_each_step(tokenizer, style, history):
+    """One tokenizer call for the steps that fit, build's truncation for those that do not: the same prompts."""
+    steps = [PromptStep(TASK, CURRENT, ADMISSIBLE, PAST[:k]) for k in range(len(PAST) + 1)]
+    steps += [PromptStep(TASK, "You arrive at drawer 1. " * k, ADMISSIBLE[:k], PAST) for k in range(1, 4)]
+    lengths = sorted(len(PromptBuilder(tokenizer, history=history, style=style).build(
+        s.task_description, s.observation, s.admissible, s.past).ids) for s in steps)
+    bare = max(len(PromptBuilder(tokenizer, history=0, style=style).build(
+        s.task_description, s.observation, s.admissible, s.past).ids) for s in steps)
+    truncated = 0
+    for limit in (None, max(bare, lengths[len(lengths) // 2])):
+        builder = PromptBuilder(tokenizer, history=history, max_prompt_tokens=limit, style=style)
+        many = builder.build_many(steps)
+        one_by_one = [builder.build(s.task_description, s.observation, s.admissible, s.past) for s in steps]
+        assert many == one_by_one
+        truncated += sum(p.truncated for p in many)
+    assert builder.build_many([]) == []
+    assert truncated > 0 or history == 0  # the limit made some prompts go through the truncation
