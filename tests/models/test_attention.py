@@ -137,3 +137,46 @@ def test_an_unknown_attention_implementation_is_refused_with_the_choices():
                                          num_attention_heads=2, num_key_value_heads=2))
     with pytest.raises(ValueError, match="attn_implementation='flash'.*bf16_matmul"):
         use_attention(model, "flash")
+
+
+def test_the_mask_bias_is_built_once_per_forward_and_scores_as_built_in_each_layer(monkeypatch):
+    """Under CPU bf16 a padded batch's mask (a prefill's left padding) arrives at the layers as the bf16 bias: the
+    same numbers as the boolean mask turned into the bias by each layer's attention, from one bias per forward
+    instead of one per layer, in the full pass and in the window's (whose last layer gathers the bias's rows)."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    import progpo.models.attention as attention
+    from progpo.models.window import window_hidden
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0)).eval()
+    use_attention(model, "bf16_matmul")
+    lengths = torch.tensor([30, 12, 45])
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, 101, (3, 45), generator=g)
+    mask = (torch.arange(45) >= 45 - lengths.unsqueeze(1)).long()  # left padding, as the engine prefills
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    positions = torch.full((3, 1), 44)
+    built = []
+    monkeypatch.setattr(attention, "_mask_bias", lambda allowed: built.append(allowed.shape) or _mask_bias(allowed))
+
+    def passes(bf16: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+        built.clear()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits
+            window = window_hidden(model, input_ids, positions, attention_mask=mask, position_ids=position_ids)
+        return logits, window, len(built)
+
+    logits, window, once = passes()
+    assert once == 2  # one bias per forward: the full pass's and the window pass's
+    AttentionMaskInterface.register(attention.NAME, sdpa_mask)  # the boolean mask, a bias built in every layer
+    try:
+        logits_per_layer, window_per_layer, per_layer = passes()
+    finally:
+        AttentionMaskInterface.register(attention.NAME, attention.bf16_matmul_mask)
+    assert per_layer == 4 + 4
+    assert torch.equal(logits, logits_per_layer) and torch.equal(window, window_per_layer)
+    float32_logits, _, float32_built = passes(bf16=False)  # float32: SDPA with the boolean mask, no bias
+    assert float32_built == 0 and float32_logits.dtype == torch.float32
