@@ -100,7 +100,8 @@ def bf16_matmul_mask(*args, **kwargs) -> torch.Tensor | None:
 
 
 def _register() -> bool:
-    """Register the attention and its mask (SDPA's) with transformers; False where transformers cannot take it."""
+    """Register the attention and its mask (SDPA's, the bf16 bias under CPU bf16) with transformers; False where
+    transformers cannot take it."""
     if TRANSFORMERS_MAJOR < 5:
         return False
     from transformers import AttentionInterface

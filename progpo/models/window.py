@@ -27,7 +27,8 @@ from progpo.models.attention import TRANSFORMERS_MAJOR
 # Decoders whose layers are the Llama layout this module re-runs: pre-norm, q/k/v/o projections, rotary embeddings
 # applied by their module's ``apply_rotary_pos_emb``, no q/k norms, full attention in every layer.
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
-# Attention implementations that take the window's [B, 1, R, L] rows of the decoder's mask (boolean, or bf16_matmul's bf16 bias) as they are.
+# Attention implementations that take the window's [B, 1, R, L] rows of the decoder's mask as they are (boolean,
+# or bf16_matmul's bf16 bias).
 BOOLEAN_MASK_ATTENTION = ("sdpa", BF16_MATMUL)
 _FULL_PASS: ContextVar[bool] = ContextVar("progpo_full_pass", default=False)
 
