@@ -152,15 +152,9 @@ class PromptBuilder:
         self.intro = intro
         self.render = PROMPT_STYLES[style]
 
-    def _render(
-        self,
-        task: str,
-        observation: str,
-        admissible: Sequence[str],
-        pairs: Sequence[tuple[str, str]],
-        n_taken: int,
-    ) -> tuple[str, list[int]]:
-        text = self._text(task, observation, admissible, pairs, n_taken)
+    def _render(self, *parts: Any) -> tuple[str, list[int]]:
+        """:meth:`_text` of ``parts``, and its token ids."""
+        text = self._text(*parts)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text, list(ids)
 
@@ -230,14 +224,14 @@ class PromptBuilder:
         call for all (2,000 ALFWorld prompts: 0.47 s against 0.25 s). A prompt over ``max_prompt_tokens`` goes
         through :meth:`build`'s truncation.
         """
-        texts = [self._text(s.task_description, s.observation, s.admissible, self._pairs(s.past), len(s.past))
-                 for s in steps]
+        pairs = [self._pairs(s.past) for s in steps]
+        texts = [self._text(s.task_description, s.observation, s.admissible, p, len(s.past)) for s, p in zip(steps, pairs)]
         encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         prompts = []
-        for step, text, ids in zip(steps, texts, encoded):
+        for step, shown, text, ids in zip(steps, pairs, texts, encoded):
             ids = list(ids)
             if self._fits(ids):
-                prompts.append(Prompt(text=text, ids=ids, n_history_used=len(self._pairs(step.past)), truncated=False))
+                prompts.append(Prompt(text=text, ids=ids, n_history_used=len(shown), truncated=False))
             else:
                 prompts.append(self.build(step.task_description, step.observation, step.admissible, step.past))
         return prompts
