@@ -195,12 +195,17 @@ class PromptBuilder:
         text, ids = self._render(*args, pairs, n_taken)
         if self._fits(ids):
             return Prompt(text=text, ids=ids, n_history_used=len(pairs), truncated=False)
+        return self._truncated(args, pairs, n_taken)
 
+    def _truncated(
+        self, args: tuple[str, str, Sequence[str]], pairs: list[tuple[str, str]], n_taken: int
+    ) -> Prompt:
+        """The prompt of a step whose ``pairs`` do not fit: history cut from the oldest pair until it does."""
         bare_text, bare_ids = self._render(*args, [], n_taken)
         if not self._fits(bare_ids):
             raise ValueError(
                 f"the prompt needs {len(bare_ids)} tokens without any history (task, current observation and "
-                f"{len(admissible)} admissible actions) but max_prompt_tokens={self.max_prompt_tokens}: raise "
+                f"{len(args[2])} admissible actions) but max_prompt_tokens={self.max_prompt_tokens}: raise "
                 "rollout.max_prompt_tokens (null = model max_context - max_new_tokens), or use a model with a "
                 "longer max_context or fewer rollout.engine.max_new_tokens"
             )
@@ -220,9 +225,9 @@ class PromptBuilder:
     def build_many(self, steps: Sequence[PromptStep]) -> list[Prompt]:
         """:meth:`build` of each step, the prompts that fit tokenized in one call.
 
-        A rollout step builds a prompt per active env; one tokenizer call per prompt takes twice as long as one
-        call for all (2,000 ALFWorld prompts: 0.47 s against 0.25 s). A prompt over ``max_prompt_tokens`` goes
-        through :meth:`build`'s truncation.
+        A rollout step builds a prompt per active env; one tokenizer call per prompt takes about twice as long as one
+        call for all (docs/guide/speed-cpu.md). A prompt over ``max_prompt_tokens`` goes through :meth:`build`'s
+        truncation.
         """
         pairs = [self._pairs(s.past) for s in steps]
         texts = [self._text(s.task_description, s.observation, s.admissible, p, len(s.past)) for s, p in zip(steps, pairs)]
@@ -233,7 +238,8 @@ class PromptBuilder:
             if self._fits(ids):
                 prompts.append(Prompt(text=text, ids=ids, n_history_used=len(shown), truncated=False))
             else:
-                prompts.append(self.build(step.task_description, step.observation, step.admissible, step.past))
+                prompts.append(self._truncated((step.task_description, step.observation, step.admissible), shown,
+                                               len(step.past)))
         return prompts
 
     def _shorten_oldest(
