@@ -201,11 +201,12 @@ class PromptBuilder:
         self, args: tuple[str, str, Sequence[str]], pairs: list[tuple[str, str]], n_taken: int
     ) -> Prompt:
         """The prompt of a step whose ``pairs`` do not fit: history cut from the oldest pair until it does."""
+        admissible = args[2]
         bare_text, bare_ids = self._render(*args, [], n_taken)
         if not self._fits(bare_ids):
             raise ValueError(
                 f"the prompt needs {len(bare_ids)} tokens without any history (task, current observation and "
-                f"{len(args[2])} admissible actions) but max_prompt_tokens={self.max_prompt_tokens}: raise "
+                f"{len(admissible)} admissible actions) but max_prompt_tokens={self.max_prompt_tokens}: raise "
                 "rollout.max_prompt_tokens (null = model max_context - max_new_tokens), or use a model with a "
                 "longer max_context or fewer rollout.engine.max_new_tokens"
             )
