@@ -1,8 +1,11 @@
 """``python -m progpo.bench iteration [hydra overrides...]``: where one training iteration's time goes.
 
-Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), warms the env workers up on
+Builds the configured run (default: the laptop default, ``model=tiny`` on ALFWorld), measures the new path
+untimed first (``--warm-up``: a process's first model passes are slower, its first rollout by a third on one host, and
+whichever path came first would carry that), warms the env workers up on
 each repeat's tasks (untimed: the first path would otherwise pay the workers' start), then plays one iteration's
-tasks on each path and times each phase: rollout, scoring (the recomputing path, actor + reference passes, against
+tasks on each path, in reverse order on every other repeat (so that no path is always measured first), and times
+each phase: rollout, scoring (the recomputing path, actor + reference passes, against
 the reusing one, reference only), credit and the PPO update (from the same weights each time). The update is timed
 twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
 forward (the update before that sharing). The paths: float32 and bf16 as they ran before the window, the
@@ -293,12 +296,16 @@ def bench_iteration(args: argparse.Namespace) -> None:
         configured = rl.actor.config._attn_implementation
         paths = bench_paths(bf16, configured)
         runs: dict[BenchPath, list[PhaseTimes]] = {p: [] for p in paths}
+        repeat_tasks = [run.datamodule.train_batch().tasks for _ in range(args.repeats)]
+        started = time.perf_counter()
+        for k in range(args.warm_up):  # untimed, on the first repeat's tasks (with other sampling seeds)
+            measure(rl, repeat_tasks[0], optimizer_factory, shape, paths[-1], seed=args.repeats + k)
+        warm_up_iterations_s = time.perf_counter() - started
         warm_up_s = []
-        for repeat in range(args.repeats):
-            tasks = run.datamodule.train_batch().tasks
+        for repeat, tasks in enumerate(repeat_tasks):
             # untimed: the first path must not pay the workers' start (the first repeat) or the new games' loading
             warm_up_s.append(rl.collector.warm_up(tasks, rl.group_size))
-            for path in paths:
+            for path in paths if repeat % 2 == 0 else paths[::-1]:
                 runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat))
         _use_path(rl, paths[-1])
         if args.profile_rollout:
@@ -315,6 +322,8 @@ def bench_iteration(args: argparse.Namespace) -> None:
         "",
         _report("medians per phase", runs, peaks),
         "",
+        f"untimed warm-up iterations on {paths[-1].name} before the repeats: {args.warm_up} ({warm_up_iterations_s:.1f} s); "
+        "paths in reverse order on every other repeat",
         "env workers warmed up before each repeat's paths, untimed (start and the repeat's games loaded by one reset): "
         + ", ".join(f"{s:.1f} s" for s in warm_up_s),
         "",
@@ -343,6 +352,9 @@ def bench_iteration(args: argparse.Namespace) -> None:
 def add_parser(sub) -> None:
     parser = sub.add_parser("iteration", help="time one training iteration's phases, float32 against bf16")
     add_run_arguments(parser, repeats_help="iterations measured per path (medians)")
+    parser.add_argument("--warm-up", type=int, default=1, metavar="N",
+                        help="untimed iterations on the new path first, so that no measured path pays the process's "
+                             "one-off costs (0: none)")
     parser.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                         help="also measure bf16 autocast (auto: unless the CPU lacks AMX-BF16/AVX512-BF16, where bf16 "
                              "matmuls are emulated; their peak is printed either way)")

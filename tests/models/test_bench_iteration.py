@@ -7,8 +7,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+import progpo.bench.iteration as bench_iteration
 from progpo.bench.cli import main as bench_main
-from progpo.bench.iteration import ModelShape
+from progpo.bench.iteration import ModelShape, PhaseTimes
 from progpo.rollout.collector import RolloutCollector
 
 
@@ -60,7 +61,9 @@ def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monk
     # every step in the update, so the reference pass has steps to score even when the tiny warm start wins nothing
     bench_main(["iteration", "experiment=fast_dev", "ppo.skip_zero_advantage=false", "--repeats", "1", "--bf16", "on"])
     out = capsys.readouterr().out
-    assert calls == ["warm_up", "collect", "collect", "collect"]  # the workers start before any path is timed
+    # an untimed warm-up iteration, then the workers start on the repeat's games before any path is timed
+    assert calls == ["collect", "warm_up", "collect", "collect", "collect"]
+    assert "untimed warm-up iterations on bf16 new before the repeats: 1" in out
     assert "env workers warmed up before each repeat's paths" in out
     assert "matmul peak" in out and "float32" in out and "bf16" in out
     header = next(line for line in out.splitlines() if line.startswith("| phase |"))
@@ -73,3 +76,24 @@ def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monk
     assert out.count("faster than the old path") == 3
     assert "bf16 new (bf16, attention bf16_matmul, response window, bf16 norm outputs and rotary tables)" in out
     assert "new path against bf16 before:" in out
+
+
+@pytest.mark.slow
+def test_no_path_is_always_measured_first(capsys, monkeypatch):
+    """The warm-up iterations run the new path untimed; then each repeat measures the paths, reversed on odd
+    repeats, every repeat on its own tasks (the warm-up on the first repeat's, with other sampling seeds)."""
+    measured = []
+
+    def record(rl, tasks, optimizer_factory, shape, path, seed):
+        measured.append((path.name, seed, tuple(id(t) for t in tasks)))
+        return PhaseTimes(*([1.0] * 6), 10, 10, *([1e9] * 5), 0.0)
+
+    monkeypatch.setattr(bench_iteration, "measure", record)
+    bench_main(["iteration", "experiment=fast_dev", "--repeats", "3", "--warm-up", "2", "--bf16", "on"])
+    paths = ["float32 before", "bf16 before", "bf16 new"]
+    assert [(name, seed) for name, seed, _ in measured] == (
+        [("bf16 new", 3), ("bf16 new", 4)]
+        + [(p, 0) for p in paths] + [(p, 1) for p in reversed(paths)] + [(p, 2) for p in paths])
+    tasks = [t for _, _, t in measured]
+    assert tasks[0] == tasks[1] == tasks[2] and len({tasks[2], tasks[5], tasks[8]}) == 3
+    assert "untimed warm-up iterations on bf16 new before the repeats: 2" in capsys.readouterr().out
