@@ -4,7 +4,8 @@ The engine spends almost all of its time outside the game logic: it re-parses th
 tatsu on every step (once per admissible command), deep-copies the whole derivation context for every symbol,
 re-parses the grammar document on every load and re-translates the PDDL problem to SAS twice per reset.
 ``install_engine_speedups`` memoises those pure
-functions once per process; the game text, admissible commands and rewards stay byte-identical (checked by
+functions once per process and reuses each text derivation (every admissible command's text, at every step) while
+the facts it read are unchanged; the game text, admissible commands and rewards stay byte-identical (checked by
 ``tests/envs/test_alfworld_env.py::test_speedups_keep_transcripts_identical``). Set
 ``PROGPO_ALFWORLD_SPEEDUPS=0`` to run the unmodified engine.
 
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 _INSTALLED = False
 _SAS_CACHE_SIZE = 256  # translated problems kept per process (one entry is a few hundred KB at most)
 _GAME_CACHE_SIZE = 256  # parsed game files kept per process
+_DERIVED_GAMES = 256  # games (loaded engines) whose derived texts are kept per process: a worker holds one per env
 
 
 class _LRU:
@@ -54,6 +56,7 @@ class _LRU:
 _SAS = _LRU(_SAS_CACHE_SIZE)
 _GAMES = _LRU(_GAME_CACHE_SIZE)
 _LOGIC = _LRU(_GAME_CACHE_SIZE)
+_DERIVED = _LRU(_DERIVED_GAMES)  # id(entity infos) -> (infos, grammar, {key: (text, facts read)})
 
 
 def speedups_enabled() -> bool:
@@ -135,8 +138,70 @@ def install_engine_speedups() -> None:
         return hit
 
     pddl_logic.GameLogic = cached_game_logic
+
+    # 6. Text derivations reused while the facts they read are unchanged (``_memoise_derivations``).
+    _memoise_derivations(textgen, tw_logic)
     _INSTALLED = True
     logger.debug("ALFWorld engine speed-ups installed in pid %d", os.getpid())
+
+
+def _memoise_derivations(textgen: Any, tw_logic: Any) -> None:
+    """Reuse a derivation of the game's grammar (an admissible command's text, a feedback) for the same start symbol,
+    action mapping and variables while the facts it read are unchanged.
+
+    Every step derives the text of every admissible command (most of an engine step's time), and most commands
+    (``go to`` each receptacle) are the same from one step to the next. A derivation reads the state only through
+    ``State.facts_with_signature`` (its queries' matches, which it sorts) and ``State.variables_of_type`` (free
+    placeholders): it is recorded with the fact sets it read and reused while ``facts_with_signature`` returns equal
+    sets, so the text is the one the grammar would derive. A derivation that read variables (whose set order is not
+    fixed by their content) is not kept. Texts are kept per loaded game (its entity infos, held alive by the entry).
+    """
+    derive = textgen.ContextSensitiveGrammar.derive
+    facts_of = tw_logic.State.facts_with_signature
+    variables_of = tw_logic.State.variables_of_type
+
+    @functools.wraps(derive)
+    def memoised_derive(self: Any, start: str, context: dict = {}) -> str:  # noqa: B006 - the engine's signature
+        infos, state, mapping = context.get("entity_infos"), context.get("state"), context.get("mapping")
+        if infos is None or state is None or mapping is None or "facts_with_signature" in vars(state):
+            return derive(self, start, context)
+        texts = _derived_texts(infos, self)
+        key = (start, tuple(mapping.items()), tuple((k, id(v)) for k, v in context.get("variables", {}).items()))
+        hit = texts.get(key)
+        if hit is not None and all(facts_of(state, signature) == facts for signature, facts in hit[1]):
+            return hit[0]
+        read: dict[Any, frozenset] = {}
+        free: list[str] = []
+
+        def recorded_facts(signature: Any) -> Any:
+            found = facts_of(state, signature)
+            if signature not in read:
+                read[signature] = frozenset(found)
+            return found
+
+        def recorded_variables(type_name: str) -> Any:
+            free.append(type_name)
+            return variables_of(state, type_name)
+
+        state.facts_with_signature, state.variables_of_type = recorded_facts, recorded_variables
+        try:
+            text = derive(self, start, context)
+        finally:
+            del state.facts_with_signature, state.variables_of_type
+        if not free:
+            texts[key] = (text, tuple(read.items()))
+        return text
+
+    textgen.ContextSensitiveGrammar.derive = memoised_derive
+
+
+def _derived_texts(infos: dict, grammar: Any) -> dict:
+    """The derived texts of the game whose entity infos are ``infos`` (a new table for a newly loaded game)."""
+    entry = _DERIVED.get(id(infos))
+    if entry is None or entry[0] is not infos or entry[1] is not grammar:
+        entry = (infos, grammar, {})
+        _DERIVED.put(id(infos), entry)
+    return entry[2]
 
 
 def read_game(path: str) -> dict:

@@ -374,9 +374,10 @@ import json, random, sys
 from envs.alfworld import AlfWorldEnv, find_games, TASK_TYPES
 from envs.base import obs_id
 root, out = sys.argv[1], sys.argv[2]
-env = AlfWorldEnv(max_steps=15, invalid_action="pass")
+env = AlfWorldEnv(max_steps=30, invalid_action="pass")
 rows = []
-for k, task in enumerate(find_games(root, "valid", TASK_TYPES)[:3]):
+games = find_games(root, "valid", TASK_TYPES)
+for k, task in enumerate(games + games[:1] * 2):  # the last reset keeps the loaded game (and its derived texts)
     rng = random.Random(k)
     obs = env.reset(task)
     rows.append([obs.text, obs.task_description, list(obs.admissible_actions), obs_id(obs.text)])
@@ -409,3 +410,35 @@ def test_speedups_keep_transcripts_identical(alfworld_root, tmp_path):
     assert len(outs["1"]) > 15 and any(row[-2] for row in outs["1"] if len(row) == 7)  # some game was won
     first = outs["1"][0]
     assert first[3] == obs_id(first[0])  # same id in this process as in the children
+
+
+def test_a_reused_derivation_follows_the_facts_it_read(alfworld_root):
+    """A derived text is reused only while the facts it read are unchanged: remove an object from the receptacle an
+    arrival feedback lists and the text is derived again, as the stock grammar derives it; put it back and the
+    first text returns."""
+    env = AlfWorldEnv()
+    env.reset(find_games(alfworld_root, "valid", TASK_TYPES)[0])
+    pddl = env._engine.unwrapped
+    state, grammar, infos = pddl._pddl_state, pddl._logic.grammar, pddl._entity_infos
+    stock = type(grammar).derive.__wrapped__  # the engine's own derivation, under the memo
+    go_to, held = next(
+        (action, fact)
+        for action in state.all_applicable_actions() if action.name == "gotolocation"
+        for fact in sorted(state.facts)
+        if fact.name == "inreceptacle" and fact.arguments[1] in action.mapping.values()
+    )
+
+    def derived() -> tuple[str, str]:
+        context = {"state": state, "facts": list(state.facts), "mapping": go_to.mapping, "entity_infos": infos,
+                   "variables": {ph.name: infos[var.name] for ph, var in go_to.mapping.items()}}
+        return grammar.derive(go_to.feedback_rule, dict(context)), stock(grammar, go_to.feedback_rule, dict(context))
+
+    first, first_stock = derived()
+    assert first == first_stock and derived()[0] == first
+    object_name = infos[held.arguments[0].name].name
+    assert object_name in first
+    state.remove_fact(held)
+    emptied, emptied_stock = derived()
+    assert emptied == emptied_stock and object_name not in emptied
+    state.add_fact(held)
+    assert derived() == (first, first)
