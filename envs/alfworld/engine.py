@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 _INSTALLED = False
 _SAS_CACHE_SIZE = 256  # translated problems kept per process (one entry is a few hundred KB at most)
 _GAME_CACHE_SIZE = 256  # parsed game files kept per process
-_DERIVED_GAMES = 256  # games (loaded engines) whose derived texts are kept per process: a worker holds one per env
+_DERIVED_LIMIT = 1024  # derived-text tables kept per process at most (each is dropped when its engine loads or closes)
 
 
 class _LRU:
@@ -56,7 +56,7 @@ class _LRU:
 _SAS = _LRU(_SAS_CACHE_SIZE)
 _GAMES = _LRU(_GAME_CACHE_SIZE)
 _LOGIC = _LRU(_GAME_CACHE_SIZE)
-_DERIVED = _LRU(_DERIVED_GAMES)  # id(entity infos) -> (infos, grammar, {key: (text, facts read)})
+_DERIVED: dict[int, tuple[Any, Any, dict, dict]] = {}  # id(infos) -> (infos, grammar, texts, fact sets read)
 
 
 def speedups_enabled() -> bool:
@@ -154,7 +154,8 @@ def _memoise_derivations(textgen: Any, tw_logic: Any) -> None:
     ``State.facts_with_signature`` (its queries' matches, which it sorts) and ``State.variables_of_type`` (free
     placeholders): it is recorded with the fact sets it read and reused while ``facts_with_signature`` returns equal
     sets, so the text is the one the grammar would derive. A derivation that read variables (whose set order is not
-    fixed by their content) is not kept. Texts are kept per loaded game (its entity infos, held alive by the entry).
+    fixed by their content) is not kept. Each loaded game has its table (keyed by its entity infos), dropped when its
+    engine loads another game or closes.
     """
     derive = textgen.ContextSensitiveGrammar.derive
     facts_of = tw_logic.State.facts_with_signature
@@ -165,7 +166,7 @@ def _memoise_derivations(textgen: Any, tw_logic: Any) -> None:
         infos, state, mapping = context.get("entity_infos"), context.get("state"), context.get("mapping")
         if infos is None or state is None or mapping is None or "facts_with_signature" in vars(state):
             return derive(self, start, context)
-        texts = _derived_texts(infos, self)
+        texts, fact_sets = _derived_texts(infos, self)
         key = (start, tuple(mapping.items()), tuple((k, id(v)) for k, v in context.get("variables", {}).items()))
         hit = texts.get(key)
         if hit is not None and all(facts_of(state, signature) == facts for signature, facts in hit[1]):
@@ -176,7 +177,8 @@ def _memoise_derivations(textgen: Any, tw_logic: Any) -> None:
         def recorded_facts(signature: Any) -> Any:
             found = facts_of(state, signature)
             if signature not in read:
-                read[signature] = frozenset(found)
+                facts = frozenset(found)
+                read[signature] = fact_sets.setdefault(facts, facts)  # one copy of each set per game
             return found
 
         def recorded_variables(type_name: str) -> Any:
@@ -195,13 +197,21 @@ def _memoise_derivations(textgen: Any, tw_logic: Any) -> None:
     textgen.ContextSensitiveGrammar.derive = memoised_derive
 
 
-def _derived_texts(infos: dict, grammar: Any) -> dict:
-    """The derived texts of the game whose entity infos are ``infos`` (a new table for a newly loaded game)."""
+def _derived_texts(infos: dict, grammar: Any) -> tuple[dict, dict]:
+    """The derived texts and the fact sets they read of the game whose entity infos are ``infos``."""
     entry = _DERIVED.get(id(infos))
     if entry is None or entry[0] is not infos or entry[1] is not grammar:
-        entry = (infos, grammar, {})
-        _DERIVED.put(id(infos), entry)
-    return entry[2]
+        entry = _DERIVED[id(infos)] = (infos, grammar, {}, {})
+        while len(_DERIVED) > _DERIVED_LIMIT:  # engines dropped without close
+            del _DERIVED[next(iter(_DERIVED))]
+    return entry[2], entry[3]
+
+
+def _forget_derived(engine: Any) -> None:
+    """Drop the derived texts of the game ``engine`` has loaded (it loads another or closes)."""
+    infos = getattr(engine.unwrapped, "_entity_infos", None)
+    if infos is not None:
+        _DERIVED.pop(id(infos), None)  # the table holds its infos alive: the id is theirs
 
 
 def read_game(path: str) -> dict:
@@ -240,6 +250,7 @@ def make_engine() -> Any:
 def close_engine(engine: Any) -> None:
     """End the game; the engine's private copy of fast-downward stays loaded (see ``_RETIRED_LIBS``)."""
     try:
+        _forget_derived(engine)
         engine.close()
         lib = getattr(engine.unwrapped, "downward_lib", None)
         if lib is not None:
@@ -251,6 +262,7 @@ def close_engine(engine: Any) -> None:
 
 def load_game(engine: Any, path: str) -> None:
     """Load a game into ``engine`` from the (cached) parsed file."""
+    _forget_derived(engine)
     argv = list(sys.argv)
     try:
         engine.load(read_game(path))

@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from envs.alfworld import AlfWorldEnv, AlfWorldEnvFactory, find_games, make_suite
+from envs.alfworld import engine as alfworld_engine
 from envs.alfworld.env import BANNER, NOTHING_HAPPENS
 from envs.alfworld.generate import TASK_TYPES
 from envs.base import SUCCESS_REWARD, EnvSuite, Task, obs_id, tasks_fingerprint
@@ -442,3 +443,11 @@ def test_a_reused_derivation_follows_the_facts_it_read(alfworld_root):
     assert emptied == emptied_stock and object_name not in emptied
     state.add_fact(held)
     assert derived() == (first, first)
+
+    # A game's texts live as long as it is loaded: loading another game or closing drops them.
+    assert id(infos) in alfworld_engine._DERIVED
+    env.reset(find_games(alfworld_root, "valid", TASK_TYPES)[1])
+    assert id(infos) not in alfworld_engine._DERIVED and id(pddl._entity_infos) in alfworld_engine._DERIVED
+    loaded = id(pddl._entity_infos)
+    env.close()
+    assert loaded not in alfworld_engine._DERIVED
