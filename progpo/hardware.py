@@ -47,6 +47,11 @@ def cpu_has_fast_bf16() -> bool | None:
     return None if flags is None else any(f in flags for f in BF16_FLAGS)
 
 
+def cpu_has_amx() -> bool:
+    """True with AMX-BF16 (bf16 tile matmuls: torch's CPU flash-attention forward runs on them), else False."""
+    return "amx_bf16" in (cpu_flags() or frozenset())
+
+
 def auto_precision(uses_cuda: bool, float32_sampler: bool = False) -> str:
     """``trainer.precision=auto``: bf16 autocast where the hardware runs bf16 matmuls natively, else float32.
 

@@ -9,8 +9,16 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+import progpo.models.attention as attention
 from progpo.models.attention import LOWEST, _mask_bias, bf16_matmul_attention, use_attention
 from progpo.models.logprobs import forward_logprobs, pad_prompt_response
+
+
+@pytest.fixture(autouse=True)
+def matmuls_without_grad_too(monkeypatch):
+    """These tests check the matmul path, on every host: passes without gradients keep it (AMX hosts give them
+    to SDPA; the tests of that switch turn it on themselves)."""
+    monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", False)
 
 
 class _Module(torch.nn.Module):
@@ -145,7 +153,6 @@ def test_the_mask_bias_is_built_once_per_forward_and_scores_as_built_in_each_lay
     instead of one per layer, in the full pass and in the window's (whose last layer gathers the bias's rows)."""
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    import progpo.models.attention as attention
     from progpo.models.window import window_hidden
 
     torch.manual_seed(0)
@@ -180,3 +187,60 @@ def test_the_mask_bias_is_built_once_per_forward_and_scores_as_built_in_each_lay
     assert torch.equal(logits, logits_per_layer) and torch.equal(window, window_per_layer)
     float32_logits, _, float32_built = passes(bf16=False)  # float32: SDPA with the boolean mask, no bias
     assert float32_built == 0 and float32_logits.dtype == torch.float32
+
+
+def _small_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0)).eval()
+
+
+def test_on_amx_a_pass_without_gradients_is_sdpa_and_a_pass_with_them_keeps_the_matmuls(monkeypatch):
+    """The AMX switch (``SDPA_WITHOUT_GRAD``) under CPU bf16: without gradients the attention and its mask are
+    SDPA's, bit for bit as the model on ``sdpa``; with gradients the logits are the matmul path's, bit for bit as
+    with the switch off. Off, a pass without gradients is the matmul path's too."""
+    model = _small_qwen2()
+    lengths = torch.tensor([30, 12, 45])
+    input_ids = torch.randint(1, 101, (3, 45), generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(45) >= 45 - lengths.unsqueeze(1)).long()  # left padding, as the engine prefills
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+
+    def logits(implementation: str, switch: bool, grad: bool) -> torch.Tensor:
+        monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", switch)
+        use_attention(model, implementation)
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            return model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits.detach()
+
+    sdpa = logits("sdpa", switch=False, grad=False)
+    matmuls = logits("bf16_matmul", switch=False, grad=True)
+    assert not torch.equal(sdpa, matmuls)  # the two kernels round differently: the comparisons below can fail
+    assert torch.equal(logits("bf16_matmul", switch=True, grad=False), sdpa)
+    assert torch.equal(logits("bf16_matmul", switch=True, grad=True), matmuls)
+    assert torch.equal(logits("bf16_matmul", switch=False, grad=False), matmuls)
+
+
+def test_on_amx_the_mask_is_sdpas_without_gradients_and_the_bias_with_them(monkeypatch):
+    from transformers.masking_utils import sdpa_mask
+
+    monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", True)
+    padding = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    kwargs = dict(batch_size=2, q_length=4, kv_length=4, attention_mask=padding.bool())
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        with torch.no_grad():
+            without = attention.bf16_matmul_mask(**kwargs)
+        with_grad = attention.bf16_matmul_mask(**kwargs)
+    expected = sdpa_mask(**kwargs)
+    assert without.dtype == torch.bool and torch.equal(without, expected)
+    assert with_grad.dtype == torch.bfloat16 and torch.equal(with_grad, _mask_bias(expected))
+
+
+def test_the_amx_switch_follows_the_cpu_flags(monkeypatch):
+    import progpo.hardware as hardware
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    assert hardware.cpu_has_amx()
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert not hardware.cpu_has_amx()
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: None)  # not Linux: unknown, so no switch
+    assert not hardware.cpu_has_amx()
