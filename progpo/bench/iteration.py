@@ -36,6 +36,7 @@ from progpo.algo.ppo import minibatch_plan, ppo_update, updated_steps
 from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.bench.runs import add_run_arguments, configured_run
 from progpo.hardware import cpu_has_fast_bf16
+from progpo.models import attention as attention_module
 from progpo.models.attention import use_attention
 from progpo.models.bf16_activations import autocast_activations
 from progpo.models.window import full_pass, supports_window
@@ -257,7 +258,9 @@ def _report(label: str, runs: dict[BenchPath, list[PhaseTimes]], peaks: dict[str
         rollout = _median(measured, "rollout_s")
         tokens = statistics.median(r.generated_tokens for r in measured)
         turns = statistics.median(r.turns for r in measured)
-        lines.append(f"\n{path.name} ({'bf16' if path.bf16 else 'float32'}, attention {path.attention}, "
+        amx_sdpa = path.bf16 and path.attention == attention_module.NAME and attention_module.SDPA_WITHOUT_GRAD
+        lines.append(f"\n{path.name} ({'bf16' if path.bf16 else 'float32'}, attention {path.attention}"
+                     f"{' (SDPA without gradients, as on every AMX-BF16 CPU)' if amx_sdpa else ''}, "
                      f"{'response window' if path.window else 'every position'}"
                      f"{', bf16 norm outputs and rotary tables' if path.bf16 and path.bf16_activations else ''}): "
                      f"{turns:.0f} steps, {tokens:.0f} "

