@@ -23,7 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.hardware": set(),  # CPU feature flags: a leaf
     "progpo.dist": set(),  # rank, world size, gathers: a leaf (torch.distributed only)
     "progpo.tracking": {"progpo.config", "progpo.hardware"},  # runs are tagged with their machine
-    "progpo.models.attention": set(),  # the bf16 attention kernel: a leaf inside the models
+    # the bf16 attention kernel: a leaf inside the models but for the hardware leaf (AMX-BF16 CPUs give SDPA the
+    # passes without gradients)
+    "progpo.models.attention": {"progpo.hardware"},
     "progpo.models.window": {"progpo.models.attention"},  # decoder passes at the response window only
     "progpo.models": {"progpo.types", "progpo.masks", "progpo.models.attention", "progpo.models.window", "envs"},
     # decoding runs the policy's layers through the window leaf, never the rest of the models room
