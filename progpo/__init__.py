@@ -7,9 +7,9 @@ The credit estimators live in ``progpo.credit``, the PPO iteration in ``progpo.a
 
 import os
 
-# oneDNN, which runs torch's bf16 matmuls on a CPU, caches one primitive (and its buffers) per input shape, up to
-# 1,024. Rollouts, scoring and updates feed it new shapes at almost every call (batch x length varies). Measured on the
-# default ALFWorld run in bf16 (2 iterations, 4 runs each): peak RSS 3.1-3.2 GB in 3 of 4 runs with the default
-# (2.0 in one) against 2.0-2.05 GB in all 4 with 32 entries; identical metrics, no slower.
-# Read at torch's first bf16 matmul, so it is set at import; a value the user exported wins.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
+from progpo.hardware import onednn_cache_capacity
+
+# oneDNN runs torch's bf16 matmuls on a CPU and caches a primitive per input shape (1,024 by default): 32 entries on
+# most CPUs, 1,024 on AMX-BF16 (progpo.hardware.onednn_cache_capacity says why). Read at torch's first bf16 matmul,
+# so it is set at import; a value the user exported wins.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(onednn_cache_capacity()))

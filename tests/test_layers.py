@@ -27,7 +27,10 @@ ALLOWED: dict[str, set[str]] = {
     # passes without gradients)
     "progpo.models.attention": {"progpo.hardware"},
     "progpo.models.window": {"progpo.models.attention"},  # decoder passes at the response window only
-    "progpo.models": {"progpo.types", "progpo.masks", "progpo.models.attention", "progpo.models.window", "envs"},
+    # scoring and update batches padded to a few shapes where the CPU is AMX-BF16 (oneDNN's kernels re-used)
+    "progpo.models.shapes": {"progpo.hardware", "progpo.models.attention"},
+    "progpo.models": {"progpo.types", "progpo.masks", "progpo.models.attention", "progpo.models.window",
+                      "progpo.models.shapes", "envs"},
     # decoding runs the policy's layers through the window leaf, never the rest of the models room
     "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "progpo.progress", "progpo.models.window",
                        "envs"},

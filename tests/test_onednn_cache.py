@@ -1,4 +1,5 @@
-"""``import progpo`` caps oneDNN's primitive cache (bf16 CPU memory) unless the user chose a capacity."""
+"""``import progpo`` sizes oneDNN's primitive cache for the CPU (small: bf16 memory; AMX-BF16: the padded batches'
+few shapes kept) unless the user chose a capacity."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from progpo import hardware
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "import torch, progpo, os; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
@@ -21,6 +24,15 @@ def _capacity_seen(env_value: str | None) -> str:
     return done.stdout.strip()
 
 
-def test_import_sets_a_small_cache_and_a_users_value_wins():
-    assert _capacity_seen(None) == "32"
-    assert _capacity_seen("1024") == "1024"
+def test_import_sets_this_cpus_capacity_and_a_users_value_wins():
+    assert _capacity_seen(None) == str(hardware.onednn_cache_capacity())
+    assert _capacity_seen("77") == "77"
+
+
+def test_the_capacity_is_small_but_on_amx_bf16(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    assert hardware.onednn_cache_capacity() == 1024
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert hardware.onednn_cache_capacity() == 32
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: None)  # not Linux: unknown
+    assert hardware.onednn_cache_capacity() == 32

@@ -37,8 +37,10 @@ from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.bench.runs import add_run_arguments, configured_run
 from progpo.hardware import cpu_has_fast_bf16
 from progpo.models import attention as attention_module
+from progpo.models import shapes as shapes_module
 from progpo.models.attention import use_attention
 from progpo.models.bf16_activations import autocast_activations
+from progpo.models.shapes import batches_as_they_come
 from progpo.models.window import full_pass, supports_window
 from progpo.types import RolloutBatch, Turn
 
@@ -92,14 +94,16 @@ def turn_flops(shape: ModelShape, turn: Turn, window: bool = False) -> float:
 
 @dataclass(frozen=True)
 class BenchPath:
-    """One way to run the iteration: precision, attention implementation, response window or every position, and
-    whether the norms' outputs and rotary tables are bf16 under autocast (``progpo.models.bf16_activations``)."""
+    """One way to run the iteration: precision, attention implementation, response window or every position,
+    whether the norms' outputs and rotary tables are bf16 under autocast (``progpo.models.bf16_activations``), and
+    whether scoring and update batches are padded to a few shapes on an AMX-BF16 CPU (``progpo.models.shapes``)."""
 
     name: str
     bf16: bool
     attention: str
     window: bool
     bf16_activations: bool
+    padded_shapes: bool = False
 
 
 def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 0.4, windows: int = 5) -> float:
@@ -158,7 +162,8 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, se
     window = path.window and supports_window(actor)
     torch.manual_seed(seed)
     with (_autocast(device, path.bf16), (nullcontext() if path.window else full_pass()),
-          (nullcontext() if path.bf16_activations else autocast_activations())):
+          (nullcontext() if path.bf16_activations else autocast_activations()),
+          (nullcontext() if path.padded_shapes else batches_as_they_come())):
         started = time.perf_counter()
         batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
         rollout_s = time.perf_counter() - started
@@ -259,10 +264,12 @@ def _report(label: str, runs: dict[BenchPath, list[PhaseTimes]], peaks: dict[str
         tokens = statistics.median(r.generated_tokens for r in measured)
         turns = statistics.median(r.turns for r in measured)
         amx_sdpa = path.bf16 and path.attention == attention_module.NAME and attention_module.SDPA_WITHOUT_GRAD
+        padded = path.bf16 and path.padded_shapes and shapes_module.PAD_SHAPES
         lines.append(f"\n{path.name} ({'bf16' if path.bf16 else 'float32'}, attention {path.attention}"
                      f"{' (SDPA without gradients, as on every AMX-BF16 CPU)' if amx_sdpa else ''}, "
                      f"{'response window' if path.window else 'every position'}"
-                     f"{', bf16 norm outputs and rotary tables' if path.bf16 and path.bf16_activations else ''}): "
+                     f"{', bf16 norm outputs and rotary tables' if path.bf16 and path.bf16_activations else ''}"
+                     f"{', batches padded to a few shapes (AMX-BF16)' if padded else ''}): "
                      f"{turns:.0f} steps, {tokens:.0f} "
                      f"generated tokens, {tokens / rollout:.0f} tokens/s in the rollout; |sampling - recomputed old "
                      f"log-prob| mean {_median(measured, 'logprob_diff_mean'):.2e}")
@@ -281,7 +288,7 @@ def bench_paths(bf16: bool, attention: str) -> list[BenchPath]:
     if bf16:
         paths.append(BenchPath("bf16 before", bf16=True, attention="sdpa", window=False, bf16_activations=False))
     paths.append(BenchPath(f"{'bf16' if bf16 else 'float32'} new", bf16=bf16, attention=attention, window=True,
-                           bf16_activations=True))
+                           bf16_activations=True, padded_shapes=True))
     return paths
 
 

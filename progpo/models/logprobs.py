@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from progpo.masks import allowed_mask
+from progpo.models.shapes import WINDOW_MULTIPLE, pad_batch, pad_head_rows, padding_active
 from progpo.models.window import supports_window, window_hidden, window_positions
 
 
@@ -139,8 +140,12 @@ def forward_logprobs(
             distribution renormalised over the allowed ids, i.e. of the policy that actually acted.
     """
     _check_batch(input_ids, attention_mask, response_mask, temperature)
+    rows, columns = input_ids.shape
+    padded = padding_active(input_ids.device)  # a few shapes for oneDNN's kernels (progpo.models.shapes)
+    if padded:
+        input_ids, attention_mask, response_mask, allowed = pad_batch(input_ids, attention_mask, response_mask, allowed)
     batch, length = input_ids.shape
-    window = _response_window(model, attention_mask, response_mask)
+    window = _response_window(model, attention_mask, response_mask, WINDOW_MULTIPLE if padded else 1)
     if window is not None:  # the last layer runs at the window only (progpo.models.window)
         positions, predicts = window
         hidden = window_hidden(model, input_ids, positions)
@@ -153,6 +158,9 @@ def forward_logprobs(
         targets = input_ids[:, 1:][predicts]
     head = model.get_output_embeddings()
     mask = _allowed_rows(allowed, response_mask, targets, head.weight.shape[0]) if allowed is not None else None
+    n_targets = h.shape[0]
+    if padded:
+        h, targets, mask = pad_head_rows(h, targets, mask)
 
     logps, entropies = [], []
     for start in range(0, h.shape[0], chunk_size):
@@ -173,15 +181,16 @@ def forward_logprobs(
 
     def scatter(values: list[Tensor]) -> Tensor:
         """The flat values (row-major, by position) at the response positions of a [B, L] tensor."""
-        flat = torch.cat(values) if values else hidden.new_zeros(0, dtype=torch.float32)
-        return hidden.new_zeros((batch, length), dtype=torch.float32).masked_scatter(response_mask.bool(), flat)
+        flat = torch.cat(values)[:n_targets] if values else hidden.new_zeros(0, dtype=torch.float32)
+        full = hidden.new_zeros((batch, length), dtype=torch.float32).masked_scatter(response_mask.bool(), flat)
+        return full[:rows, :columns]
 
     if not return_last_prompt_hidden:
         last_hidden = None
     elif window is not None:
-        last_hidden = hidden[:, 0].detach()  # the window starts at the last prompt token
+        last_hidden = hidden[:rows, 0].detach()  # the window starts at the last prompt token
     else:
-        last_hidden = _last_prompt_hidden(hidden, attention_mask, response_mask)
+        last_hidden = _last_prompt_hidden(hidden, attention_mask, response_mask)[:rows]
     return LogProbOutput(
         token_logprobs=scatter(logps),
         entropy=scatter(entropies) if return_entropy else None,
@@ -201,11 +210,12 @@ def _check_batch(input_ids: Tensor, attention_mask: Tensor, response_mask: Tenso
         raise ValueError("response_mask[:, 0] is set: a response token needs at least one prompt token before it")
 
 
-def _response_window(model: torch.nn.Module, attention_mask: Tensor, response_mask: Tensor
+def _response_window(model: torch.nn.Module, attention_mask: Tensor, response_mask: Tensor, multiple: int = 1
                      ) -> tuple[Tensor, Tensor] | None:
     """Window positions [B, R] and which of them predict a response token, for rows laid out as
     ``pad_prompt_response`` lays them out (prompt, response right after it, right padding) and a decoder
-    ``progpo.models.window`` runs; None otherwise (the full pass)."""
+    ``progpo.models.window`` runs; None otherwise (the full pass). ``R`` is rounded up to a multiple of ``multiple``
+    (the extra positions predict nothing)."""
     if not supports_window(model):
         return None
     prompt_lengths = (attention_mask.bool() & ~response_mask.bool()).sum(dim=1)
@@ -216,7 +226,7 @@ def _response_window(model: torch.nn.Module, attention_mask: Tensor, response_ma
         response_mask.bool() == ((columns >= prompt_lengths.unsqueeze(1)) & (columns < ends))).all()
     if not bool(laid_out):
         return None
-    positions = window_positions(prompt_lengths, response_lengths, attention_mask.shape[1])
+    positions = window_positions(prompt_lengths, response_lengths, attention_mask.shape[1], multiple)
     offsets = torch.arange(positions.shape[1], device=positions.device)
     return positions, offsets < response_lengths.unsqueeze(1)
 

@@ -69,14 +69,15 @@ def _sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in model.modules())
 
 
-def window_positions(prompt_lengths: Tensor, response_lengths: Tensor, length: int) -> Tensor:
+def window_positions(prompt_lengths: Tensor, response_lengths: Tensor, length: int, multiple: int = 1) -> Tensor:
     """[B, R] positions of each row's window: ``prompt - 1 + j``, clamped into the row.
 
     The window of a row starts at its last prompt token and holds one position per response token: the hidden
     state at ``prompt - 1 + j`` predicts response token ``j``. ``R`` is the longest response (at least 1, so a
-    row without a response still has its last prompt token).
+    row without a response still has its last prompt token), rounded up to a multiple of ``multiple``.
     """
     width = max(int(response_lengths.max()), 1) if len(response_lengths) else 1
+    width = -(-width // multiple) * multiple
     offsets = torch.arange(width, device=prompt_lengths.device)
     return (prompt_lengths.unsqueeze(1) - 1 + offsets).clamp(max=length - 1)
 

@@ -54,8 +54,10 @@ def test_window_flops_count_the_last_layer_at_the_window_only():
 @pytest.mark.slow
 def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monkeypatch):
     import progpo.models.attention as attention
+    import progpo.models.shapes as shapes
 
     monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", False)  # the label checked below, on every host
+    monkeypatch.setattr(shapes, "PAD_SHAPES", False)
     calls = []
     for name in ("warm_up", "collect"):
         method = getattr(RolloutCollector, name)
@@ -103,14 +105,19 @@ def test_no_path_is_always_measured_first(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("amx", [False, True])
-def test_the_new_paths_label_says_where_passes_without_gradients_run_sdpa(monkeypatch, amx):
+def test_the_new_paths_label_says_what_an_amx_cpu_changes(monkeypatch, amx):
+    """There passes without gradients run SDPA and scoring and update batches are padded to a few shapes."""
     import progpo.models.attention as attention
+    import progpo.models.shapes as shapes
     from progpo.bench.iteration import _report, bench_paths
 
     monkeypatch.setattr(attention, "SDPA_WITHOUT_GRAD", amx)
+    monkeypatch.setattr(shapes, "PAD_SHAPES", amx)
     times = PhaseTimes(*([1.0] * 6), 10, 10, *([1e9] * 5), 0.0)
     out = _report("medians", {path: [times] for path in bench_paths(True, "bf16_matmul")},
                   {"float32": 100.0, "bf16": 200.0})
     label = "bf16 new (bf16, attention bf16_matmul (SDPA without gradients, as on every AMX-BF16 CPU), response window"
     assert (label in out) == amx
-    assert "bf16 before (bf16, attention sdpa, every position)" in out  # SDPA already: nothing to say
+    assert ("rotary tables, batches padded to a few shapes (AMX-BF16)): " in out) == amx
+    assert "bf16 before (bf16, attention sdpa, every position): " in out  # neither: the path before both
+    assert [p.padded_shapes for p in bench_paths(True, "bf16_matmul")] == [False, False, True]
