@@ -6,8 +6,8 @@ and scoring and update micro-batches bring a new row count and length at almost 
 (scoring and update of an ALFWorld batch) built ~1,600 kernels in 3.5 s against 1.9 s running matmuls. Padded to
 rows of a multiple of ``ROW_MULTIPLE``, lengths of a multiple of ``LENGTH_MULTIPLE``, response windows of a multiple
 of ``WINDOW_MULTIPLE`` and LM-head rows of a multiple of ``HEAD_ROW_MULTIPLE``, a learn meets a few dozen shapes,
-which ``progpo/__init__.py``'s larger kernel cache on these CPUs keeps for the whole run (one learn: 10 kernels
-built once the run has seen its shapes, 18% faster; ``docs/guide/speed-cpu.md``).
+which ``progpo/__init__.py``'s larger kernel cache on these CPUs keeps for the whole run (one learn: ~10 kernels
+built once the run has seen its shapes, 1.25-1.37x faster; ``docs/guide/speed-cpu.md``).
 
 What the padding computes is discarded: extra rows repeat the batch's last row and are sliced off, extra positions
 sit after each row's last token, where a causal model's real positions never look, and padded LM-head rows are

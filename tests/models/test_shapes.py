@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_window import VOCAB, _batch, _qwen2
+from test_window import PAD, VOCAB, _batch, _qwen2
 
 import progpo.models.logprobs as logprobs
 from progpo.models import shapes
-from progpo.models.logprobs import forward_logprobs
+from progpo.models.logprobs import forward_logprobs, pad_prompt_response
 from progpo.models.shapes import (
     HEAD_ROW_MULTIPLE,
     LENGTH_MULTIPLE,
@@ -34,12 +34,11 @@ def test_round_up():
 
 
 def _wide_batch():
-    """Two of ``_batch``'s batches, 10 rows: more than ``ROW_MULTIPLE``, so the rows are padded too."""
-    first, second = _batch(0), _batch(1)
-    length = max(first.input_ids.shape[1], second.input_ids.shape[1])
-    return type(first)(*(torch.cat([torch.nn.functional.pad(getattr(b, name), (0, length - b.input_ids.shape[1]))
-                                    for b in (first, second)])
-                         for name in ("input_ids", "attention_mask", "response_mask")))
+    """10 rows (more than ``ROW_MULTIPLE``, so the rows are padded too) of 20 tokens (not a ``LENGTH_MULTIPLE``)."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (5, 19, 3, 11, 8, 7, 2, 14, 9, 4)]
+    responses = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (4, 1, 7, 0, 3, 6, 2, 5, 1, 3)]
+    return pad_prompt_response(prompts, responses, PAD)
 
 
 def test_pad_batch_adds_padding_columns_and_copies_of_the_last_row():
