@@ -10,8 +10,9 @@ the reusing one, reference only), credit and the PPO update (from the same weigh
 twice from the same weights: the iteration's own (identical turns share one forward) and each step with its own
 forward (the update before that sharing). The paths: float32 and bf16 as they ran before the window, the
 attention choice and the bf16 activations (SDPA, every layer at every position, autocast's own dtypes: "before"),
-and the configured run ("new": the model's ``attn_implementation``, the response window of ``progpo.models.window``
-and ``progpo.models.bf16_activations``, in bf16 where the CPU has it). Each
+and the configured run ("new": the model's ``attn_implementation``, the response window of ``progpo.models.window``,
+``progpo.models.bf16_activations``, the padded shapes of ``progpo.models.shapes`` and the two-pass rotation of
+``progpo.models.rotary``, in bf16 where the CPU has it). Each
 phase's FLOPs as its path computes them (no padding, causal attention, KV-cache decoding counted once) are set
 against this machine's matmul peak measured in the same run, so the numbers mean something on a shared machine
 too; the old path (float32, recompute, unshared update), the bf16 path before and the new one are printed as ratios.
@@ -40,6 +41,7 @@ from progpo.models import attention as attention_module
 from progpo.models import shapes as shapes_module
 from progpo.models.attention import use_attention
 from progpo.models.bf16_activations import autocast_activations
+from progpo.models.rotary import transformers_rotary
 from progpo.models.shapes import batches_as_they_come
 from progpo.models.window import full_pass, supports_window
 from progpo.types import RolloutBatch, Turn
@@ -95,8 +97,9 @@ def turn_flops(shape: ModelShape, turn: Turn, window: bool = False) -> float:
 @dataclass(frozen=True)
 class BenchPath:
     """One way to run the iteration: precision, attention implementation, response window or every position,
-    whether the norms' outputs and rotary tables are bf16 under autocast (``progpo.models.bf16_activations``), and
-    whether scoring and update batches are padded to a few shapes on an AMX-BF16 CPU (``progpo.models.shapes``)."""
+    whether the norms' outputs and rotary tables are bf16 under autocast (``progpo.models.bf16_activations``),
+    whether scoring and update batches are padded to a few shapes on an AMX-BF16 CPU (``progpo.models.shapes``), and
+    whether a CPU's rotary embeddings take two passes (``progpo.models.rotary``) or transformers' five."""
 
     name: str
     bf16: bool
@@ -104,6 +107,7 @@ class BenchPath:
     window: bool
     bf16_activations: bool
     padded_shapes: bool = False
+    two_pass_rotary: bool = False
 
 
 def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 0.4, windows: int = 5) -> float:
@@ -163,7 +167,8 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, se
     torch.manual_seed(seed)
     with (_autocast(device, path.bf16), (nullcontext() if path.window else full_pass()),
           (nullcontext() if path.bf16_activations else autocast_activations()),
-          (nullcontext() if path.padded_shapes else batches_as_they_come())):
+          (nullcontext() if path.padded_shapes else batches_as_they_come()),
+          (nullcontext() if path.two_pass_rotary else transformers_rotary())):
         started = time.perf_counter()
         batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
         rollout_s = time.perf_counter() - started
@@ -269,7 +274,8 @@ def _report(label: str, runs: dict[BenchPath, list[PhaseTimes]], peaks: dict[str
                      f"{' (SDPA without gradients, as on every AMX-BF16 CPU)' if amx_sdpa else ''}, "
                      f"{'response window' if path.window else 'every position'}"
                      f"{', bf16 norm outputs and rotary tables' if path.bf16 and path.bf16_activations else ''}"
-                     f"{', batches padded to a few shapes (AMX-BF16)' if padded else ''}): "
+                     f"{', batches padded to a few shapes (AMX-BF16)' if padded else ''}"
+                     f"{', rotary embeddings in two passes on a CPU' if path.two_pass_rotary else ''}): "
                      f"{turns:.0f} steps, {tokens:.0f} "
                      f"generated tokens, {tokens / rollout:.0f} tokens/s in the rollout; |sampling - recomputed old "
                      f"log-prob| mean {_median(measured, 'logprob_diff_mean'):.2e}")
@@ -288,7 +294,7 @@ def bench_paths(bf16: bool, attention: str) -> list[BenchPath]:
     if bf16:
         paths.append(BenchPath("bf16 before", bf16=True, attention="sdpa", window=False, bf16_activations=False))
     paths.append(BenchPath(f"{'bf16' if bf16 else 'float32'} new", bf16=bf16, attention=attention, window=True,
-                           bf16_activations=True, padded_shapes=True))
+                           bf16_activations=True, padded_shapes=True, two_pass_rotary=True))
     return paths
 
 

@@ -21,6 +21,7 @@ from progpo.models.attention import AttentionImplementation, use_attention
 from progpo.models.bf16_activations import keep_activations_bf16
 from progpo.models.cache import cached_build
 from progpo.models.compile import compile_layers
+from progpo.models.rotary import use_two_pass_rotary
 from progpo.types import Policy
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ def build_smollm2(
     model.eval()
     use_attention(model, attn_implementation)
     keep_activations_bf16(model)
+    use_two_pass_rotary(model)
     if compile:
         compile_layers(model)
     return Policy(model=model, tokenizer=tokenizer, name=name, max_context=max_context, source=str(folder),

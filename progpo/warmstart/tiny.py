@@ -26,6 +26,7 @@ from progpo.models.attention import AttentionImplementation, use_attention
 from progpo.models.bf16_activations import keep_activations_bf16
 from progpo.models.cache import cached_build
 from progpo.models.compile import compile_layers
+from progpo.models.rotary import use_two_pass_rotary
 from progpo.models.tiny import (
     check_reload,
     count_parameters,
@@ -148,6 +149,7 @@ def build_tiny(
     policy = load_tiny(folder, device=device, name=name, max_context=max_context)
     use_attention(policy.model, attn_implementation)
     keep_activations_bf16(policy.model)
+    use_two_pass_rotary(policy.model)
     if compile:
         compile_layers(policy.model)
     policy.prompt_style = prompt_style

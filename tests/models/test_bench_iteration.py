@@ -79,7 +79,8 @@ def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monk
         assert "GFLOP/s" not in row and row.count("%") == 3  # a measured rate against the peak on every path
     assert "old path (float32, recompute old log-probs, every step its own update forward)" in out
     assert out.count("faster than the old path") == 3
-    assert "bf16 new (bf16, attention bf16_matmul, response window, bf16 norm outputs and rotary tables)" in out
+    assert ("bf16 new (bf16, attention bf16_matmul, response window, bf16 norm outputs and rotary tables, rotary "
+            "embeddings in two passes on a CPU)") in out
     assert "new path against bf16 before:" in out
 
 
@@ -118,6 +119,7 @@ def test_the_new_paths_label_says_what_an_amx_cpu_changes(monkeypatch, amx):
                   {"float32": 100.0, "bf16": 200.0})
     label = "bf16 new (bf16, attention bf16_matmul (SDPA without gradients, as on every AMX-BF16 CPU), response window"
     assert (label in out) == amx
-    assert ("rotary tables, batches padded to a few shapes (AMX-BF16)): " in out) == amx
+    assert ("rotary tables, batches padded to a few shapes (AMX-BF16), rotary embeddings" in out) == amx
     assert "bf16 before (bf16, attention sdpa, every position): " in out  # neither: the path before both
     assert [p.padded_shapes for p in bench_paths(True, "bf16_matmul")] == [False, False, True]
+    assert [p.two_pass_rotary for p in bench_paths(True, "bf16_matmul")] == [False, False, True]
