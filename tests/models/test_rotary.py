@@ -112,6 +112,12 @@ def test_a_model_scores_as_with_transformers_rotation_and_is_patched_once():
     module = sys.modules[type(model.model.layers[0].self_attn).__module__]
     original = getattr(module.apply_rotary_pos_emb, _MARK)
     assert not hasattr(original, _MARK)  # wrapped once, not twice
+    q, cos, sin = _inputs(torch.float32, length=16, head_dim=8)
+    cos, sin = cos[:, 0], sin[:, 0]  # [B, L, d], as the decoder hands them over
+    ours, theirs = module.apply_rotary_pos_emb(q, q, cos, sin)[0], original(q, q, cos, sin)[0]
+    assert torch.equal(ours, rotate(q, cos.unsqueeze(1), sin.unsqueeze(1))) and not torch.equal(ours, theirs)
+    with transformers_rotary():
+        assert torch.equal(module.apply_rotary_pos_emb(q, q, cos, sin)[0], theirs)
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
     model.zero_grad()
     logits = model(input_ids=ids).logits
