@@ -93,7 +93,7 @@ def _two_pass(original: Callable) -> Callable:
 def use_two_pass_rotary(model: torch.nn.Module) -> bool:
     """Give the decoder's modeling module (Qwen2, Llama: whose attention calls its module's ``apply_rotary_pos_emb``)
     the two-pass rotation; False (nothing changed) for another decoder. Idempotent; the module's other models get it
-    too, on CPU tensors only, with the same values."""
+    too, on CPU tensors only, with the same values up to one rounding (module docstring)."""
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in ("qwen2", "llama"):
         return False
