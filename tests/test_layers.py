@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     # the bf16 attention kernel: a leaf inside the models but for the hardware leaf (AMX-BF16 CPUs give SDPA the
     # passes without gradients)
     "progpo.models.attention": {"progpo.hardware"},
-    "progpo.models.window": {"progpo.models.attention"},  # decoder passes at the response window only
+    # decoder passes at the response window only (its width rounded as the shapes leaf rounds)
+    "progpo.models.window": {"progpo.models.attention", "progpo.models.shapes"},
     # scoring and update batches padded to a few shapes where the CPU is AMX-BF16 (oneDNN's kernels re-used)
     "progpo.models.shapes": {"progpo.hardware", "progpo.models.attention"},
     "progpo.models": {"progpo.types", "progpo.masks", "progpo.models.attention", "progpo.models.window",

@@ -24,6 +24,8 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
+from progpo.models.window import SUPPORTED_MODEL_TYPES
+
 _MARK = "_progpo_original_rotary"
 _OFF: ContextVar[bool] = ContextVar("progpo_transformers_rotary", default=False)
 
@@ -95,7 +97,7 @@ def use_two_pass_rotary(model: torch.nn.Module) -> bool:
     the two-pass rotation; False (nothing changed) for another decoder. Idempotent; the module's other models get it
     too, on CPU tensors only, with the same values up to one rounding (module docstring)."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in ("qwen2", "llama"):
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:  # their attention calls it
         return False
     module = sys.modules[type(model.get_decoder().layers[0].self_attn).__module__]
     current = getattr(module, "apply_rotary_pos_emb", None)

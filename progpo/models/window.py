@@ -23,6 +23,7 @@ from torch import Tensor
 
 from progpo.models.attention import NAME as BF16_MATMUL
 from progpo.models.attention import TRANSFORMERS_MAJOR
+from progpo.models.shapes import round_up
 
 # Decoders whose layers are the Llama layout this module re-runs: pre-norm, q/k/v/o projections, rotary embeddings
 # applied by their module's ``apply_rotary_pos_emb``, no q/k norms, full attention in every layer.
@@ -77,7 +78,7 @@ def window_positions(prompt_lengths: Tensor, response_lengths: Tensor, length: i
     row without a response still has its last prompt token), rounded up to a multiple of ``multiple``.
     """
     width = max(int(response_lengths.max()), 1) if len(response_lengths) else 1
-    width = -(-width // multiple) * multiple
+    width = round_up(width, multiple)
     offsets = torch.arange(width, device=prompt_lengths.device)
     return (prompt_lengths.unsqueeze(1) - 1 + offsets).clamp(max=length - 1)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from progpo.models.rotary import _MARK, rotate, transformers_rotary, use_two_pass_rotary
+from progpo.models.rotary import _MARK, _rotation, rotate, transformers_rotary, use_two_pass_rotary
 
 
 def _definition(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -44,13 +44,7 @@ def test_adjoint_is_the_gradient_of_the_definition():
     grad = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     (expected,) = torch.autograd.grad(_definition(x, cos, sin), x, grad)
     assert torch.allclose(rotate(grad, cos, sin, transpose=True), expected, rtol=0, atol=1e-14)
-    torch.autograd.gradcheck(lambda t: use_rotation(t, cos, sin), (x,))
-
-
-def use_rotation(x, cos, sin):
-    from progpo.models.rotary import _rotation
-
-    return _rotation(x, cos, sin)
+    torch.autograd.gradcheck(lambda t: _rotation(t, cos, sin), (x,))
 
 
 def test_float32_gradients_match_autograds_through_the_definition():
@@ -58,7 +52,7 @@ def test_float32_gradients_match_autograds_through_the_definition():
     x = x.detach().requires_grad_(True)
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
     (expected,) = torch.autograd.grad(_definition(x, cos, sin), x, grad)
-    (got,) = torch.autograd.grad(use_rotation(x, cos, sin), x, grad)
+    (got,) = torch.autograd.grad(_rotation(x, cos, sin), x, grad)
     assert torch.allclose(got, expected, rtol=2.5e-7, atol=2.5e-7)
 
 
@@ -75,7 +69,7 @@ def test_bf16_rounds_no_worse_than_the_definition_in_bf16():
 def test_bf16_queries_with_float32_tables_come_out_float32_and_their_gradient_bf16():
     x, cos, sin = _inputs(torch.bfloat16)
     x = x.detach().requires_grad_(True)
-    out = use_rotation(x, cos.float(), sin.float())
+    out = _rotation(x, cos.float(), sin.float())
     assert out.dtype == torch.float32  # as x * cos promotes it
     out.sum().backward()
     assert x.grad.dtype == torch.bfloat16
@@ -97,7 +91,7 @@ def test_fewer_passes_forward_and_backward():
     def through(rotation):
         return lambda: rotation(x, cos, sin).sum().backward()
 
-    assert _count_ops(through(use_rotation)) < _count_ops(through(_definition)) - 2
+    assert _count_ops(through(_rotation)) < _count_ops(through(_definition)) - 2
 
 
 def _qwen2() -> Qwen2ForCausalLM:
