@@ -21,7 +21,7 @@ from omegaconf import DictConfig, open_dict
 
 from progpo import dist
 from progpo.config import ConfigError, RunConfig, preflight_model, validate_config
-from progpo.hardware import cpu_has_fast_bf16, machine_label, resolve_precision
+from progpo.hardware import auto_batch_rows, cpu_has_fast_bf16, machine_label, resolve_precision
 from progpo.runs import (
     check_world_size,
     find_resume_checkpoint,
@@ -98,6 +98,9 @@ def _prepare(cfg: DictConfig) -> tuple[RunConfig, Path, Path | None, str | None]
     if typed.trainer.precision == "auto":
         typed.trainer.precision = resolve_precision("auto", typed.trainer.uses_cuda, float32_sampler)
         log.info("trainer.precision=auto: %s on this machine (%s)", typed.trainer.precision, machine_label())
+    if typed.ppo.micro_batch_size == "auto":
+        typed.ppo.micro_batch_size = auto_batch_rows(typed.trainer.precision, typed.trainer.uses_cuda)
+        log.info("ppo.micro_batch_size=auto: %d on this machine", typed.ppo.micro_batch_size)
     if typed.trainer.precision.startswith("bf16") and not typed.trainer.uses_cuda and cpu_has_fast_bf16() is False:
         log.warning("trainer.precision=%s on a CPU without AMX-BF16 or AVX512-BF16: bf16 matmuls are emulated here "
                     "and slower than float32 (python -m progpo.bench iteration measures both); trainer.precision=32-true "

@@ -36,7 +36,8 @@ class Suite:
 
 
 def _evaluator(collector, seed: int, temperature: float, episodes_per_task: int = 1) -> RLIteration:
-    return RLIteration(collector, engine=None, credit=None, actor=None, reference=None, ppo=PPOConfig(),
+    return RLIteration(collector, engine=None, credit=None, actor=None, reference=None,
+                       ppo=PPOConfig(micro_batch_size=32),
                        pad_token_id=0, group_size=3, eval_temperature=temperature, seed=seed,
                        eval_episodes_per_task=episodes_per_task)
 

@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.algo.loss": set(),  # the PPO loss: a leaf inside the algorithm
     "progpo.progress": set(),  # progress bars (TTY or plain log lines): a leaf
     "progpo.credit": set(),
-    "progpo.config": set(),
+    "progpo.config": {"progpo.hardware"},  # ``auto`` values checked with the hardware leaf's predicate
     "progpo.hardware": set(),  # CPU feature flags: a leaf
     "progpo.dist": set(),  # rank, world size, gathers: a leaf (torch.distributed only)
     "progpo.tracking": {"progpo.config", "progpo.hardware"},  # runs are tagged with their machine
@@ -32,9 +32,10 @@ ALLOWED: dict[str, set[str]] = {
     "progpo.models.shapes": {"progpo.hardware", "progpo.models.attention"},
     "progpo.models": {"progpo.types", "progpo.masks", "progpo.models.attention", "progpo.models.window",
                       "progpo.models.shapes", "envs"},
-    # decoding runs the policy's layers through the window leaf, never the rest of the models room
+    # decoding runs the policy's layers through the window leaf, never the rest of the models room; its batch size
+    # follows the hardware leaf's rule for the precision in force (the attention leaf tells CPU bf16 autocast)
     "progpo.rollout": {"progpo.types", "progpo.masks", "progpo.dist", "progpo.progress", "progpo.models.window",
-                       "envs"},
+                       "progpo.models.attention", "progpo.hardware", "envs"},
     "progpo.warmstart": {"progpo.models", "progpo.rollout", "progpo.types", "progpo.config", "progpo.hardware",
                          "progpo.progress", "envs"},  # warm_start.precision=auto asks the hardware leaf
     "progpo.algo": {"progpo.types", "progpo.models", "progpo.credit", "progpo.algo.loss", "progpo.config",

@@ -80,7 +80,7 @@ class RLIteration:
         credit: the credit estimator (``StepBatch -> CreditResult``), a Hydra component.
         actor: the trained policy model.
         reference: the frozen KL anchor, or None (``ppo.kl_coef = 0``).
-        ppo: the update's settings.
+        ppo: the update's settings, ``micro_batch_size`` resolved to an int (``progpo.train`` resolves ``auto``).
         pad_token_id: padding id of the scoring and update batches.
         group_size: rollouts per task (N).
         eval_temperature: held-out sampling temperature; 0 = greedy.
@@ -91,6 +91,9 @@ class RLIteration:
     def __init__(self, collector, engine, credit, actor: torch.nn.Module, reference: torch.nn.Module | None,
                  ppo: PPOConfig, pad_token_id: int, group_size: int, eval_temperature: float, seed: int,
                  eval_episodes_per_task: int = 1) -> None:
+        if ppo.micro_batch_size == "auto":
+            raise ValueError("ppo.micro_batch_size=auto must be resolved before the iteration is built: "
+                             "progpo.hardware.auto_batch_rows(precision, uses_cuda) gives the int (progpo.train does it)")
         self.collector = collector
         self.engine = engine
         self.credit = credit

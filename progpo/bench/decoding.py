@@ -85,8 +85,9 @@ def generate_baseline(engine: HFEngine, call: RecordedCall) -> int:
     model, tok = engine.policy.model, engine.policy.tokenizer
     order = sorted(range(len(call.prompts)), key=lambda i: len(call.prompts[i]))
     generated = 0
-    for start in range(0, len(order), engine.batch_size):
-        rows = order[start : start + engine.batch_size]
+    batch_rows = engine.batch_rows(model)  # the engine's own batches, under the autocast in force
+    for start in range(0, len(order), batch_rows):
+        rows = order[start : start + batch_rows]
         prompts = [call.prompts[i] for i in rows]
         ids, mask = left_pad(prompts, engine.pad_id)
         width = ids.shape[1]

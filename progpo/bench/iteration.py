@@ -11,8 +11,9 @@ twice from the same weights: the iteration's own (identical turns share one forw
 forward (the update before that sharing). The paths: float32 and bf16 as they ran before the window, the
 attention choice and the bf16 activations (SDPA, every layer at every position, autocast's own dtypes: "before"),
 and the configured run ("new": the model's ``attn_implementation``, the response window of ``progpo.models.window``,
-``progpo.models.bf16_activations``, the padded shapes of ``progpo.models.shapes`` and the two-pass rotation of
-``progpo.models.rotary``, in bf16 where the CPU has it). Each
+``progpo.models.bf16_activations``, the padded shapes of ``progpo.models.shapes``, the two-pass rotation of
+``progpo.models.rotary`` and the batch sizes of ``progpo.hardware.auto_batch_rows`` where the config says ``auto``,
+in bf16 where the CPU has it; the paths before run those at 32). Each
 phase's FLOPs as its path computes them (no padding, causal attention, KV-cache decoding counted once) are set
 against this machine's matmul peak measured in the same run, so the numbers mean something on a shared machine
 too; the old path (float32, recompute, unshared update), the bf16 path before and the new one are printed as ratios.
@@ -28,7 +29,8 @@ import pstats
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,7 +38,7 @@ import torch
 from progpo.algo.ppo import minibatch_plan, ppo_update, updated_steps
 from progpo.algo.scoring import reference_logprobs, score_turns
 from progpo.bench.runs import add_run_arguments, configured_run
-from progpo.hardware import cpu_has_fast_bf16
+from progpo.hardware import BATCH_ROWS, cpu_has_fast_bf16
 from progpo.models import attention as attention_module
 from progpo.models import shapes as shapes_module
 from progpo.models.attention import use_attention
@@ -99,7 +101,9 @@ class BenchPath:
     """One way to run the iteration: precision, attention implementation, response window or every position,
     whether the norms' outputs and rotary tables are bf16 under autocast (``progpo.models.bf16_activations``),
     whether scoring and update batches are padded to a few shapes on an AMX-BF16 CPU (``progpo.models.shapes``), and
-    whether a CPU's rotary embeddings take two passes (``progpo.models.rotary``) or transformers' five."""
+    whether a CPU's rotary embeddings take two passes (``progpo.models.rotary``) or transformers' five, and whether
+    the batch sizes the config leaves at ``auto`` follow this machine's rule (``progpo.hardware.auto_batch_rows``) or
+    stay at 32, the size before the rule."""
 
     name: str
     bf16: bool
@@ -108,6 +112,7 @@ class BenchPath:
     bf16_activations: bool
     padded_shapes: bool = False
     two_pass_rotary: bool = False
+    auto_batch_rows: bool = False
 
 
 def matmul_peak_gflops(shape: ModelShape, dtype: torch.dtype, seconds: float = 0.4, windows: int = 5) -> float:
@@ -143,6 +148,8 @@ class PhaseTimes:
     update_flops: float  # every trained step's forward and backward
     update_shared_flops: float  # the same with identical turns of a micro-batch counted once (what is computed)
     logprob_diff_mean: float  # |sampling - recomputed| old log-probs
+    decode_rows: int = BATCH_ROWS  # prompts per decoding call
+    update_rows: int = BATCH_ROWS  # steps per scoring and update pass (ppo.micro_batch_size)
 
 
 def _autocast(device: torch.device, bf16: bool):
@@ -157,8 +164,28 @@ def _use_path(rl, path: BenchPath) -> None:
             use_attention(model, path.attention)
 
 
-def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, seed: int) -> PhaseTimes:
-    """One iteration's phases on one path; the actor's weights are restored afterwards."""
+@contextmanager
+def _batch_rows(rl, path: BenchPath, auto_micro: bool) -> Iterator[None]:
+    """Inside: 32 rows per call wherever the config says ``auto`` (``auto_micro``: ``ppo.micro_batch_size``, which the
+    run resolved at start-up), unless ``path`` follows the machine's rule; the run's own sizes again on exit."""
+    ppo, engine_rows = rl.ppo, getattr(rl.engine, "batch_size", None)
+    if not path.auto_batch_rows:
+        if engine_rows == "auto":
+            rl.engine.batch_size = BATCH_ROWS
+        if auto_micro:
+            rl.ppo = replace(ppo, micro_batch_size=BATCH_ROWS)
+    try:
+        yield
+    finally:
+        rl.ppo = ppo
+        if engine_rows is not None:
+            rl.engine.batch_size = engine_rows
+
+
+def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, seed: int,
+            auto_micro: bool = False) -> PhaseTimes:
+    """One iteration's phases on one path; the actor's weights are restored afterwards. ``auto_micro``: the config
+    left ``ppo.micro_batch_size`` at ``auto`` (paths before the rule then run 32)."""
     actor = rl.actor
     device = next(actor.parameters()).device
     weights = copy.deepcopy(actor.state_dict())
@@ -168,7 +195,9 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, se
     with (_autocast(device, path.bf16), (nullcontext() if path.window else full_pass()),
           (nullcontext() if path.bf16_activations else autocast_activations()),
           (nullcontext() if path.padded_shapes else batches_as_they_come()),
-          (nullcontext() if path.two_pass_rotary else transformers_rotary())):
+          (nullcontext() if path.two_pass_rotary else transformers_rotary()), _batch_rows(rl, path, auto_micro)):
+        decode_rows = rl.engine.batch_rows(actor) if hasattr(rl.engine, "batch_rows") else 0
+        update_rows = rl.ppo.micro_batch_size
         started = time.perf_counter()
         batch: RolloutBatch = rl.collector.collect(tasks, rl.group_size)
         rollout_s = time.perf_counter() - started
@@ -205,6 +234,8 @@ def measure(rl, tasks, optimizer_factory, shape: ModelShape, path: BenchPath, se
         update_shared_flops=3.0 * sum(turn_flops(shape, turns[i], window)
                                       for i in _shared_update_rows(rl, turns, trained, representative)),
         logprob_diff_mean=float(torch.cat(diffs).mean()) if diffs else 0.0,
+        decode_rows=decode_rows,
+        update_rows=update_rows,
     )
 
 
@@ -275,11 +306,17 @@ def _report(label: str, runs: dict[BenchPath, list[PhaseTimes]], peaks: dict[str
                      f"{'response window' if path.window else 'every position'}"
                      f"{', bf16 norm outputs and rotary tables' if path.bf16 and path.bf16_activations else ''}"
                      f"{', batches padded to a few shapes (AMX-BF16)' if padded else ''}"
-                     f"{', rotary embeddings in two passes on a CPU' if path.two_pass_rotary else ''}): "
+                     f"{', rotary embeddings in two passes on a CPU' if path.two_pass_rotary else ''}"
+                     f"{_rows_label(measured[0])}): "
                      f"{turns:.0f} steps, {tokens:.0f} "
                      f"generated tokens, {tokens / rollout:.0f} tokens/s in the rollout; |sampling - recomputed old "
                      f"log-prob| mean {_median(measured, 'logprob_diff_mean'):.2e}")
     return "\n".join(lines)
+
+
+def _rows_label(times: PhaseTimes) -> str:
+    decoding = f"{times.decode_rows} prompts per decoding call, " if times.decode_rows else ""
+    return f", {decoding}{times.update_rows} steps per scoring and update pass"
 
 
 def _iteration_s(runs: list[PhaseTimes], new: bool) -> float:
@@ -294,7 +331,7 @@ def bench_paths(bf16: bool, attention: str) -> list[BenchPath]:
     if bf16:
         paths.append(BenchPath("bf16 before", bf16=True, attention="sdpa", window=False, bf16_activations=False))
     paths.append(BenchPath(f"{'bf16' if bf16 else 'float32'} new", bf16=bf16, attention=attention, window=True,
-                           bf16_activations=True, padded_shapes=True, two_pass_rotary=True))
+                           bf16_activations=True, padded_shapes=True, two_pass_rotary=True, auto_batch_rows=True))
     return paths
 
 
@@ -313,16 +350,19 @@ def bench_iteration(args: argparse.Namespace) -> None:
         paths = bench_paths(bf16, configured)
         runs: dict[BenchPath, list[PhaseTimes]] = {p: [] for p in paths}
         repeat_tasks = [run.datamodule.train_batch().tasks for _ in range(args.repeats)]
+        auto_micro = cfg.ppo.micro_batch_size == "auto"
         started = time.perf_counter()
         for k in range(args.warm_up):  # untimed, on the first repeat's tasks (with other sampling seeds)
-            measure(rl, repeat_tasks[0], optimizer_factory, shape, paths[-1], seed=args.repeats + k)
+            measure(rl, repeat_tasks[0], optimizer_factory, shape, paths[-1], seed=args.repeats + k,
+                    auto_micro=auto_micro)
         warm_up_iterations_s = time.perf_counter() - started
         warm_up_s = []
         for repeat, tasks in enumerate(repeat_tasks):
             # untimed: the first path must not pay the workers' start (the first repeat) or the new games' loading
             warm_up_s.append(rl.collector.warm_up(tasks, rl.group_size))
             for path in paths if repeat % 2 == 0 else paths[::-1]:
-                runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat))
+                runs[path].append(measure(rl, tasks, optimizer_factory, shape, path, seed=repeat,
+                                          auto_micro=auto_micro))
         _use_path(rl, paths[-1])
         if args.profile_rollout:
             profiler = cProfile.Profile()

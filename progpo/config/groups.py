@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from progpo.hardware import is_batch_rows
+
 
 class ConfigError(ValueError):
     """A config value is unknown, of the wrong type or out of range. The message names the key and the fix."""
@@ -82,7 +84,8 @@ class PPOConfig:
     """The clipped-surrogate update of one iteration (``conf/ppo/*.yaml``).
 
     epochs: passes over the rollout batch. minibatch_size: steps per optimizer step. micro_batch_size: steps per
-    forward/backward (gradient accumulation inside a minibatch; also the scoring batch). clip_ratio: PPO clip.
+    forward/backward (gradient accumulation inside a minibatch; also the scoring batch), or ``auto``: 64 on an
+    AMX-BF16 CPU in bf16, else 32 (resolved at start-up, ``progpo.hardware.auto_batch_rows``). clip_ratio: PPO clip.
     kl_coef: weight of the low-variance KL to the frozen reference (0: no reference is built). entropy_coef:
     entropy bonus. max_grad_norm: gradient clipping. skip_zero_advantage: leave steps whose advantage is exactly
     0 out of the update (they carry no policy gradient; KL and entropy then act on the updated steps only).
@@ -92,7 +95,7 @@ class PPOConfig:
 
     epochs: int = 1
     minibatch_size: int = 256
-    micro_batch_size: int = 32
+    micro_batch_size: Any = "auto"  # an int or "auto"
     clip_ratio: float = 0.2
     kl_coef: float = 0.01
     entropy_coef: float = 0.0
@@ -103,7 +106,8 @@ class PPOConfig:
     def check(self) -> None:
         require(self.epochs >= 1, "ppo.epochs", ">= 1", self.epochs)
         require(self.minibatch_size >= 1, "ppo.minibatch_size", ">= 1", self.minibatch_size)
-        require(self.micro_batch_size >= 1, "ppo.micro_batch_size", ">= 1", self.micro_batch_size)
+        require(is_batch_rows(self.micro_batch_size), "ppo.micro_batch_size", "an int >= 1 or auto",
+                self.micro_batch_size)
         require(self.clip_ratio > 0, "ppo.clip_ratio", "> 0", self.clip_ratio)
         require(self.kl_coef >= 0, "ppo.kl_coef", ">= 0", self.kl_coef)
         require(self.entropy_coef >= 0, "ppo.entropy_coef", ">= 0", self.entropy_coef)

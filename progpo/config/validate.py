@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from progpo.config.groups import TYPED_GROUPS, ConfigError, RunConfig, WarmStartConfig, require
+from progpo.hardware import is_batch_rows
 
 TOP_LEVEL_KEYS = {
     "env", "model", "credit", "rollout", "optim", "ppo", "eval", "schedule", "trainer", "logger", "seed",
@@ -163,6 +164,9 @@ def validate_config(cfg: DictConfig) -> RunConfig:
     check_component(cfg.env, "env")
     check_component(cfg.model, "model", runtime_kwargs=("suite", "device"))
     check_component(cfg.rollout.engine, "rollout.engine", runtime_kwargs=("policy",))
+    if "batch_size" in cfg.rollout.engine:
+        require(is_batch_rows(cfg.rollout.engine.batch_size), "rollout.engine.batch_size", "an int >= 1 or auto",
+                cfg.rollout.engine.batch_size)
     check_component(cfg.optim, "optim", runtime_kwargs=("params",))
     check_component(cfg.logger, "logger", runtime_kwargs=("cfg",))
     return RunConfig(**typed, torch_threads=threads)

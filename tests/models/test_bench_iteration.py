@@ -53,6 +53,7 @@ def test_window_flops_count_the_last_layer_at_the_window_only():
 
 @pytest.mark.slow
 def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monkeypatch):
+    import progpo.hardware as hardware
     import progpo.models.attention as attention
     import progpo.models.shapes as shapes
 
@@ -80,7 +81,13 @@ def test_bench_iteration_command_reports_every_phase_for_every_path(capsys, monk
     assert "old path (float32, recompute old log-probs, every step its own update forward)" in out
     assert out.count("faster than the old path") == 3
     assert ("bf16 new (bf16, attention bf16_matmul, response window, bf16 norm outputs and rotary tables, rotary "
-            "embeddings in two passes on a CPU)") in out
+            "embeddings in two passes on a CPU, ") in out
+    # fast_dev names 8 steps per pass; the engine's auto follows the machine's rule on the new path only
+    rows = 64 if hardware.cpu_has_amx() else 32
+    assert f"bf16 new (bf16, attention bf16_matmul, response window, bf16 norm outputs and rotary tables, rotary " \
+           f"embeddings in two passes on a CPU, {rows} prompts per decoding call, 8 steps per scoring and update " \
+           f"pass)" in out
+    assert "bf16 before (bf16, attention sdpa, every position, 32 prompts per decoding call, 8 steps" in out
     assert "new path against bf16 before:" in out
 
 
@@ -90,7 +97,7 @@ def test_no_path_is_always_measured_first(capsys, monkeypatch):
     repeats, every repeat on its own tasks (the warm-up on the first repeat's, with other sampling seeds)."""
     measured = []
 
-    def record(rl, tasks, optimizer_factory, shape, path, seed):
+    def record(rl, tasks, optimizer_factory, shape, path, seed, auto_micro):
         measured.append((path.name, seed, tuple(id(t) for t in tasks)))
         return PhaseTimes(*([1.0] * 6), 10, 10, *([1e9] * 5), 0.0)
 
@@ -120,6 +127,27 @@ def test_the_new_paths_label_says_what_an_amx_cpu_changes(monkeypatch, amx):
     label = "bf16 new (bf16, attention bf16_matmul (SDPA without gradients, as on every AMX-BF16 CPU), response window"
     assert (label in out) == amx
     assert ("rotary tables, batches padded to a few shapes (AMX-BF16), rotary embeddings" in out) == amx
-    assert "bf16 before (bf16, attention sdpa, every position): " in out  # neither: the path before both
+    assert "bf16 before (bf16, attention sdpa, every position, 32 prompts" in out  # neither: the path before both
     assert [p.padded_shapes for p in bench_paths(True, "bf16_matmul")] == [False, False, True]
     assert [p.two_pass_rotary for p in bench_paths(True, "bf16_matmul")] == [False, False, True]
+
+
+def test_the_paths_before_run_32_rows_where_the_config_says_auto(monkeypatch):
+    """The new path's batch sizes follow the machine's rule; the paths before keep 32 where the config says auto and
+    the configured size where it names one; the run's own sizes come back afterwards."""
+    from types import SimpleNamespace
+
+    import progpo.hardware as hardware
+    from progpo.bench.iteration import _batch_rows, bench_paths
+    from progpo.config import PPOConfig
+
+    monkeypatch.setattr(hardware, "cpu_has_amx", lambda: True)
+    before, new = bench_paths(True, "bf16_matmul")[1:]
+    for auto_micro, micro in ((True, 64), (False, 4)):
+        engine = SimpleNamespace(batch_size="auto")
+        rl = SimpleNamespace(engine=engine, ppo=PPOConfig(micro_batch_size=micro))
+        with _batch_rows(rl, before, auto_micro):
+            assert (engine.batch_size, rl.ppo.micro_batch_size) == (32, 32 if auto_micro else 4)
+        assert (engine.batch_size, rl.ppo.micro_batch_size) == ("auto", micro)
+        with _batch_rows(rl, new, auto_micro):
+            assert (engine.batch_size, rl.ppo.micro_batch_size) == ("auto", micro)

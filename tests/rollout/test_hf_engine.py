@@ -128,3 +128,39 @@ def test_too_long_prompt_and_bad_config_raise(tiny_policy):
         HFEngine(tiny_policy, temperature=0.0)
     with pytest.raises(ValueError, match="top_p"):
         HFEngine(tiny_policy, top_p=1.5)
+
+
+def test_the_engine_decodes_auto_batches_by_the_autocast_in_force(tiny_policy, monkeypatch):
+    """On an AMX-BF16 CPU the engine's ``auto`` is 64 prompts per call under bf16 autocast and 32 outside it; each
+    call decodes its prompts in batches of that many (counted at the decoding loop)."""
+    import progpo.hardware
+    import progpo.rollout.engines.hf_engine as hf_engine
+
+    amx = frozenset({"avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(progpo.hardware, "cpu_flags", lambda: amx)
+    engine = HFEngine(tiny_policy, max_new_tokens=4)
+    model = tiny_policy.model
+    assert engine.batch_size == "auto" and engine.batch_rows(model) == 32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert engine.batch_rows(model) == 64
+    assert HFEngine(tiny_policy, batch_size=5).batch_rows(model) == 5
+    monkeypatch.setattr(progpo.hardware, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert engine.batch_rows(model) == 32
+
+    monkeypatch.setattr(progpo.hardware, "cpu_flags", lambda: amx)
+    sizes = []
+    decode = hf_engine.decode
+    monkeypatch.setattr(hf_engine, "decode", lambda model, prompts, *a, **k: sizes.append(len(prompts))
+                        or decode(model, prompts, *a, **k))
+    prompts = [[5, 6, 7 + i % 11] for i in range(100)]
+    engine.generate(prompts, greedy=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        engine.generate(prompts, greedy=True)
+    assert sizes == [32, 32, 32, 4, 64, 36]
+
+
+def test_the_engine_refuses_a_bad_batch_size(tiny_policy):
+    for bad in (0, "big", 1.5):
+        with pytest.raises(ValueError, match="rollout.engine.batch_size must be an int >= 1 or auto"):
+            HFEngine(tiny_policy, batch_size=bad)

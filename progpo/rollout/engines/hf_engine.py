@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
+from progpo.hardware import auto_batch_rows, is_batch_rows
+from progpo.models.attention import cpu_bf16_autocast
 from progpo.rollout.engines.base import DEFAULT_MAX_NEW_TOKENS, DEFAULT_STOP, Generation, check_sampling
 from progpo.rollout.engines.constrained import AnswerCursor, AnswerSpace, QueryMode, answer_space, check_query
 from progpo.rollout.engines.kv_decoding import DecodedRow, Sampling, StopRule, decode
@@ -49,8 +52,9 @@ class HFEngine:
             generation config (e.g. Qwen's repetition penalty) is ignored on purpose.
         max_new_tokens: response budget per step.
         batch_size: prompts decoded together (copies of one prompt share its prefill). The prompts are sorted by
-            length first, so smaller batches pad less; on a 2-core AVX2 laptop 32 decodes faster than 16 or 64
-            (``docs/guide/speed-cpu.md``).
+            length first, so smaller batches pad less. ``auto``: 64 when a call runs on an AMX-BF16 CPU under bf16
+            autocast, else 32 (``progpo.hardware.auto_batch_rows``; on a 2-core AVX2 laptop 32 decodes faster than 16
+            or 64, with AMX in bf16 64 faster than 32: ``docs/guide/speed-cpu.md``).
         stop: strings that end a response (included in it); the answer format ends with ``</action>``.
         constrain_to_admissible: decode only answers ``<action>cmd</action>`` with ``cmd`` admissible (when
             the collector passes the admissible commands); reported log-probs are then those of the model's
@@ -72,7 +76,7 @@ class HFEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        batch_size: int = 32,
+        batch_size: int | Literal["auto"] = "auto",
         stop: Sequence[str] = DEFAULT_STOP,
         constrain_to_admissible: bool | None = None,
         reasoning_tokens: int = 0,
@@ -82,8 +86,8 @@ class HFEngine:
         if constrain_to_admissible is None:
             constrain_to_admissible = getattr(policy, "constrain_to_admissible", False)
         self.constrain_to_admissible = bool(constrain_to_admissible)
-        if batch_size <= 0:
-            raise ValueError(f"rollout.engine.batch_size must be > 0, got {batch_size}")
+        if not is_batch_rows(batch_size):
+            raise ValueError(f"rollout.engine.batch_size must be an int >= 1 or auto, got {batch_size!r}")
         if not 0 <= reasoning_tokens < max_new_tokens:
             raise ValueError(
                 f"rollout.engine.reasoning_tokens must be in [0, max_new_tokens={max_new_tokens}) so that the "
@@ -97,7 +101,7 @@ class HFEngine:
         self.top_p = float(top_p)
         self.top_k = int(top_k)
         self.max_new_tokens = int(max_new_tokens)
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size
         self.stop = tuple(stop)
         tok = policy.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -139,8 +143,9 @@ class HFEngine:
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))  # copies side by side
         try:
             with torch.no_grad():
-                for start in range(0, len(order), self.batch_size):
-                    rows = order[start : start + self.batch_size]
+                batch_rows = self.batch_rows(model)
+                for start in range(0, len(order), batch_rows):
+                    rows = order[start : start + batch_rows]
                     allowed = None
                     if self.constrain_to_admissible and admissible is not None:
                         tok = self.policy.tokenizer
@@ -169,6 +174,13 @@ class HFEngine:
             allowed_token_ids=[r.allowed for r in results],
             prompt_hidden=[r.prompt_hidden for r in results] if actor_exact else [],
         )
+
+    def batch_rows(self, model: torch.nn.Module) -> int:
+        """Prompts per decoding call: ``batch_size``, or for ``auto`` the rule for this call's device and precision."""
+        if self.batch_size != "auto":
+            return self.batch_size
+        cuda = next(model.parameters()).device.type == "cuda"
+        return auto_batch_rows("bf16-mixed" if cpu_bf16_autocast() else "32-true", cuda)
 
     def _generate_reasoned(
         self, prompts: list[list[int]], greedy: bool, temperature: float, allowed: list[AnswerSpace | None]
